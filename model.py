@@ -1,0 +1,414 @@
+"""A GPT built up one idea at a time.
+
+Read from the top. Each class adds one idea, and `GPTConfig` has a switch for
+each, so every rung of the ladder is a model that trains (see config/ladder/):
+
+    bigram            each token looks up its next-token logits; no communication
+    CausalAverage     each position averages itself and everything before it
+    Head              one head of scaled dot-product self-attention
+    MultiHeadAttention  several heads in parallel, one fused q/k/v projection
+    FeedForward       a per-position MLP after the communication
+    Block             residual connections and pre-norm LayerNorm around both
+    GPT               embeddings, a stack of blocks, and the output head
+
+Shapes: B batch, T time (positions), C channels (n_embd), H heads, V vocabulary,
+S key positions (equals T unless a KV cache holds earlier positions).
+This file knows nothing of files or tokenizers: ids in, logits out.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MIXERS = ("none", "average", "head", "multihead")
+POSITIONS = ("learned", "sinusoidal", "none")
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 65
+    block_size: int = 256  # the longest context the model sees
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm
+    # The ladder's switches; the defaults are the full GPT.
+    mixer: str = "multihead"  # how positions communicate: one of MIXERS
+    feedforward: bool = True
+    residual: bool = True
+    layernorm: bool = True
+    pos: str = "learned"  # position encoding: one of POSITIONS
+    tie_weights: bool = True  # output head shares the token embedding matrix
+    fused_attention: bool = True  # F.scaled_dot_product_attention vs written out
+
+    def __post_init__(self):
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {MIXERS}, got {self.mixer!r}")
+        if self.pos not in POSITIONS:
+            raise ValueError(f"pos must be one of {POSITIONS}, got {self.pos!r}")
+        if self.mixer == "multihead" and self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        for name in ("vocab_size", "block_size", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+# --- Masks --------------------------------------------------------------------
+
+
+def causal_mask(T, S, device=None):
+    """(T, S) bool: query t (the last T of S positions) may see keys up to itself."""
+    # With S > T the queries are the newest positions, after S - T cached ones.
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+
+
+def attention_mask(valid, T):
+    """(B, 1, T, S) bool for the last T of S positions, given valid (B, S) bool.
+
+    A key is visible when it is not in the future and not padding. Each query
+    always sees itself, so a padding query's softmax is never over nothing.
+    """
+    B, S = valid.shape
+    causal = causal_mask(T, S, valid.device)  # (T, S)
+    keys = torch.arange(S, device=valid.device)
+    itself = keys[None, :] == keys[S - T:, None]  # (T, S): query t's own position
+    return (causal & valid[:, None, None, :]) | itself  # (B, 1, T, S)
+
+
+# --- Rung 2: causal averaging -----------------------------------------------------
+
+
+class CausalAverage(nn.Module):
+    """Each position becomes the mean of itself and every earlier position.
+
+    The weights come from a lower-triangular (tril) mask: scores of zero where a
+    position may look, -inf where it may not, then a softmax over each row turns
+    the zeros into 1/(t+1). No parameters: every earlier token counts the same.
+    """
+
+    def forward(self, x, mask=None, cache=None):
+        B, T, C = x.shape
+        v = x.unsqueeze(1)  # (B, 1, T, C): one "head" whose values are the inputs
+        if cache is not None:
+            _, v = cache.extend(None, v)  # (B, 1, S, C)
+        S = v.size(2)
+        if mask is None:
+            mask = causal_mask(T, S, x.device)
+        scores = torch.zeros(T, S, device=x.device).masked_fill(~mask, float("-inf"))  # (B?, 1?, T, S)
+        weights = F.softmax(scores, dim=-1)  # each row: 1/(number visible) where visible
+        return (weights @ v).reshape(B, T, C)  # (B, T, C)
+
+
+# --- Rung 3: one head of self-attention --------------------------------------------
+
+
+def explicit_attention(q, k, v, mask=None, dropout=None):
+    """Scaled dot-product attention, written out. Returns (output, weights).
+
+    q (..., T, hs), k and v (..., S, hs). Scaling by 1/sqrt(hs) keeps the
+    scores at unit variance, so the softmax does not saturate into one-hot.
+    """
+    T, S = q.size(-2), k.size(-2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T, S)
+    if mask is None:
+        mask = causal_mask(T, S, q.device)
+    scores = scores.masked_fill(~mask, float("-inf"))  # no looking ahead, no padding
+    weights = F.softmax(scores, dim=-1)  # (..., T, S)
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ v, weights  # (..., T, hs), (..., T, S)
+
+
+class Head(nn.Module):
+    """One head of self-attention: each position asks a question (query), each
+    position advertises what it holds (key), and the answer is a weighted mean
+    of what they hold (value), weighted by how well key matches query."""
+
+    def __init__(self, config, head_size):
+        super().__init__()
+        self.query = nn.Linear(config.n_embd, head_size, bias=False)
+        self.key = nn.Linear(config.n_embd, head_size, bias=False)
+        self.value = nn.Linear(config.n_embd, head_size, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+        self.weights = None  # the last attention weights, kept for inspection
+
+    def forward(self, x, mask=None, cache=None):
+        q = self.query(x).unsqueeze(1)  # (B, 1, T, hs)
+        k = self.key(x).unsqueeze(1)  # (B, 1, T, hs)
+        v = self.value(x).unsqueeze(1)  # (B, 1, T, hs)
+        if cache is not None:
+            k, v = cache.extend(k, v)  # (B, 1, S, hs)
+        out, self.weights = explicit_attention(q, k, v, mask, self.dropout)  # (B, 1, T, hs)
+        return out.squeeze(1)  # (B, T, hs)
+
+
+# --- Rung 4: many heads at once -------------------------------------------------
+
+
+class MultiHeadAttention(nn.Module):
+    """n_head heads side by side, each of size n_embd / n_head, then a projection.
+
+    The per-head query/key/value matrices are stacked into one Linear, so the
+    heads cost one matmul instead of a Python loop. By default the attention runs
+    in PyTorch's fused kernel; `fused_attention=False`, or setting
+    `keep_weights`, runs the written-out version above and keeps the weights.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.fused = config.fused_attention
+        self.keep_weights = False
+        self.weights = None
+
+    def forward(self, x, mask=None, cache=None):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
+        if cache is not None:
+            k, v = cache.extend(k, v)  # (B, H, S, hs)
+        if self.fused and not self.keep_weights:
+            p = self.attn_dropout.p if self.training else 0.0
+            # is_causal only describes the square case; otherwise the mask says it all.
+            square = mask is None and k.size(2) == T
+            if mask is None and not square:
+                mask = causal_mask(T, k.size(2), x.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=square)
+        else:
+            out, weights = explicit_attention(q, k, v, mask, self.attn_dropout)  # (B, H, T, hs)
+            self.weights = weights if self.keep_weights else None
+        out = out.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
+        return self.resid_dropout(self.c_proj(out))
+
+
+# --- Rung 5: computation per position ---------------------------------------------
+
+
+class FeedForward(nn.Module):
+    """After positions have exchanged information, each one thinks it over alone."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # (B, T, C)
+
+
+# --- Rungs 6 and 7: residual connections and LayerNorm ----------------------------
+
+
+class Block(nn.Module):
+    """Communication (the mixer) then computation (feed-forward).
+
+    With `residual`, each sub-layer adds to a running stream, x + f(x), so the
+    gradient has a direct path to the bottom of a deep stack. With `layernorm`,
+    each sub-layer sees a normalized copy of the stream (pre-norm), which keeps
+    activations at a steady scale however deep the stack.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        C = config.n_embd
+        norm = (lambda: nn.LayerNorm(C, bias=config.bias)) if config.layernorm else nn.Identity
+        self.ln_1, self.ln_2 = norm(), norm()
+        mixers = {
+            "none": lambda: None,
+            "average": CausalAverage,
+            "head": lambda: Head(config, head_size=C),  # one head, as wide as the stream
+            "multihead": lambda: MultiHeadAttention(config),
+        }
+        self.mixer = mixers[config.mixer]()
+        self.ffwd = FeedForward(config) if config.feedforward else None
+        self.residual = config.residual
+
+    def forward(self, x, mask=None, cache=None):
+        if self.mixer is not None:
+            h = self.mixer(self.ln_1(x), mask, cache)  # (B, T, C)
+            x = x + h if self.residual else h
+        if self.ffwd is not None:
+            h = self.ffwd(self.ln_2(x))  # (B, T, C)
+            x = x + h if self.residual else h
+        return x
+
+
+# --- The KV cache ----------------------------------------------------------------
+
+
+class KVCache:
+    """Keys and values of every layer for the positions already seen.
+
+    During generation each new token then costs one position of work, not the
+    whole context. `valid` (B, S) marks which cached positions are real tokens
+    and which are left-padding of a shorter prompt in the batch.
+    """
+
+    def __init__(self, n_layer):
+        self.k = [None] * n_layer
+        self.v = [None] * n_layer
+        self.valid = None  # (B, S) bool
+        self.layer = 0  # which layer's extend() comes next
+
+    def __len__(self):
+        return 0 if self.valid is None else self.valid.size(1)
+
+    def append_valid(self, valid):
+        """Records the new positions' validity; returns it for all S positions."""
+        self.valid = valid if self.valid is None else torch.cat([self.valid, valid], dim=1)
+        self.layer = 0
+        return self.valid
+
+    def extend(self, k, v):
+        """Adds this layer's new keys and values; returns them for all S positions."""
+        i, self.layer = self.layer, self.layer + 1
+        if self.v[i] is not None:
+            k = None if k is None else torch.cat([self.k[i], k], dim=2)
+            v = torch.cat([self.v[i], v], dim=2)
+        self.k[i], self.v[i] = k, v
+        return k, v
+
+
+# --- The whole model ----------------------------------------------------------------
+
+
+def sinusoidal_positions(block_size, n_embd):
+    """(block_size, n_embd) fixed encodings from "Attention Is All You Need"."""
+    pos = torch.arange(block_size).float()[:, None]  # (T, 1)
+    freq = torch.exp(torch.arange(0, n_embd, 2).float() * (-math.log(10000.0) / n_embd))  # (C/2,)
+    table = torch.zeros(block_size, n_embd)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)[:, : n_embd // 2]
+    return table
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        C = config.n_embd
+        self.wte = nn.Embedding(config.vocab_size, C)  # token -> vector
+        if config.pos == "learned":
+            self.wpe = nn.Embedding(config.block_size, C)
+        elif config.pos == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_positions(config.block_size, C), persistent=False)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(C, bias=config.bias) if config.layernorm else nn.Identity()
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        if config.tie_weights:
+            # The same matrix reads tokens in and writes them out: similar tokens
+            # get similar vectors either way, and it saves V*C parameters.
+            self.lm_head.weight = self.wte.weight
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                # Each block adds its output to the residual stream twice; scaling
+                # keeps the stream's variance from growing with depth (GPT-2).
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * max(config.n_layer, 1)))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self):
+        """Parameters counted once each (the tied head shares the embedding's)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx, targets=None, valid=None, cache=None):
+        """idx (B, T) token ids -> logits (B, T, V), and the mean loss if targets.
+
+        valid (B, T) bool marks real tokens when prompts are left-padded; their
+        positions then count from each row's first real token. With a cache,
+        idx holds only the new positions and the cache supplies the rest.
+        """
+        B, T = idx.shape
+        past = 0 if cache is None else len(cache)
+        if past + T > self.config.block_size:
+            raise ValueError(f"sequence of {past + T} tokens is longer than block_size {self.config.block_size}")
+        mask = None  # None means plainly causal: the fast path for training
+        if valid is None and cache is None:
+            pos = torch.arange(T, device=idx.device)  # (T,)
+        else:
+            if valid is None:
+                valid = torch.ones(B, T, dtype=torch.bool, device=idx.device)
+            all_valid = valid if cache is None else cache.append_valid(valid)  # (B, S)
+            pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, past:]  # (B, T)
+            mask = attention_mask(all_valid, T)  # (B, 1, T, S)
+        x = self.wte(idx)  # (B, T, C)
+        if self.config.pos == "learned":
+            x = x + self.wpe(pos)
+        elif self.config.pos == "sinusoidal":
+            x = x + self.pos_table[pos]
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x, mask, cache)  # (B, T, C)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+               valid=None, use_cache=True, generator=None):
+        """Yields the next token (B, 1) of every row, one step at a time.
+
+        Call model.eval() first. Beyond block_size the context window slides to
+        the last block_size tokens. With learned or sinusoidal positions every
+        token's position then changes, and so does every cached key and value
+        above the first layer, so the cache is rebuilt from the window: correct,
+        and no faster than no cache once past block_size.
+        """
+        block = self.config.block_size
+        cache = None
+        for _ in range(max_new_tokens):
+            if cache is not None and len(cache) < block:
+                logits, _ = self(idx[:, -1:], cache=cache)  # one new position
+            else:
+                window_valid = None if valid is None else valid[:, -block:]
+                cache = KVCache(self.config.n_layer) if use_cache else None
+                logits, _ = self(idx[:, -block:], valid=window_valid, cache=cache)
+            next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B, 1)
+            idx = torch.cat([idx, next_token], dim=1)
+            if valid is not None:
+                valid = torch.cat([valid, torch.ones_like(next_token, dtype=torch.bool)], dim=1)
+            yield next_token
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, **kwargs):
+        """idx (B, T) -> (B, T + max_new_tokens): the prompt and what follows it."""
+        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, **kwargs))
+        return torch.cat([idx, *new], dim=1)
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """logits (B, V) -> token ids (B, 1). Temperature, then top-k, then top-p.
+
+    temperature 0 is greedy. top_k keeps the k most likely tokens; top_p keeps
+    the smallest set whose probabilities add up to at least p (nucleus).
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = F.softmax(sorted_logits, dim=-1)
+        # Drop a token when the tokens before it already reach top_p; the first stays.
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
