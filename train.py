@@ -74,7 +74,7 @@ class TrainConfig:
     log_interval: int = option(10, "write a log line every this many steps")
     # system
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
-    dtype: str = option("auto", "auto (bf16 on CUDA where supported, else fp16; fp32 on CPU), float32, bfloat16, float16")
+    dtype: str = option("auto", "auto (CUDA: bf16, else fp16; CPU: fp32), float32, bfloat16, float16")
     compile: bool = option(False, "torch.compile the model")
     seed: int = option(1337, "random seed")
 
@@ -133,6 +133,11 @@ def get_lr(it, cfg):
         return cfg.min_lr
     progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def flops_per_token(model, cfg):
+    """Training FLOPs per token: 6 per parameter (forward and backward) plus attention's."""
+    return 6 * model.num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
 def maybe_compile(model, device_type):
@@ -349,8 +354,7 @@ def run(cfg, device, rank, world):
     autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
-    # Training FLOPs per token: 6 per parameter (forward and backward) plus attention's.
-    flops_per_token = 6 * raw_model.num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+    flops = flops_per_token(raw_model, cfg)
     peak = next((v for k, v in PEAK_FLOPS.items() if device_type == "cuda" and k in torch.cuda.get_device_name()), None)
     if master:
         print(f"{raw_model.num_params():,} parameters, {tokens_per_iter:,} tokens per step, "
@@ -428,7 +432,7 @@ def run(cfg, device, rank, world):
             if it % cfg.log_interval == 0:
                 record = {"iter": it, "loss": loss_value, "lr": lr, "ms_per_iter": step_ms[-1], "tokens_per_s": tok_s}
                 if peak:
-                    record["mfu"] = flops_per_token * tok_s / peak
+                    record["mfu"] = flops * tok_s / peak
                 log(record)
         if stop.signum is not None:
             if master:

@@ -108,7 +108,7 @@ def read_toml(path):
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise UserError(f"config file {path} not found; presets live in config/, e.g. config/shakespeare_char.toml") from None
+        raise UserError(f"config file {path} not found; presets live in config/, e.g. config/tiny.toml") from None
     except IsADirectoryError:
         raise UserError(f"config file {path} is a directory; pass a .toml file") from None
     except tomllib.TOMLDecodeError as e:

@@ -1,0 +1,158 @@
+"""train.py: the loop, its checkpoints, resuming, and many processes."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import prepare
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "config" / "tiny.toml")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A small character data set: a repetitive text a tiny model learns fast."""
+    root = tmp_path_factory.mktemp("data")
+    words = ["the cat sat on the mat.", "a dog ran in the fog!", "to be or not to be?"]
+    text = "\n".join(words[i % 3] + " " + words[(i * 7) % 3] for i in range(600))
+    (root / "input.txt").write_text(text)
+    assert prepare.main(["--input", str(root / "input.txt"), "--out_dir", str(root / "chars")]) == 0
+    return str(root / "chars")
+
+
+def run_train(data_dir, out_dir, *overrides):
+    return train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *overrides])
+
+
+def read_log(out_dir):
+    return [json.loads(line) for line in open(Path(out_dir) / "log.jsonl")]
+
+
+def test_tiny_run_lowers_the_loss_and_writes_checkpoints(data_dir, tmp_path):
+    assert run_train(data_dir, tmp_path, "--max_iters=60", "--eval_interval=30", "--learning_rate=3e-3") == 0
+    evals = [r for r in read_log(tmp_path) if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 30, 60]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 1.0
+    assert evals[-1]["val_bpc"] == pytest.approx(evals[-1]["val_loss"] / math.log(2))
+    steps = [r for r in read_log(tmp_path) if "ms_per_iter" in r]
+    assert steps and all(r["tokens_per_s"] > 0 for r in steps)
+    ckpt = train.load_checkpoint(tmp_path / "ckpt.pt")
+    assert ckpt["iter"] == 60
+    assert ckpt["meta"]["tokenizer"] == "char"  # sample.py needs nothing but the checkpoint
+    assert ckpt["best_val_loss"] == pytest.approx(min(r["val_loss"] for r in evals))
+    best = train.load_checkpoint(tmp_path / "best.pt")
+    assert best["val_loss"] == ckpt["best_val_loss"]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_resume_matches_uninterrupted_run(data_dir, tmp_path, dropout):
+    common = ["--lr_decay_iters=20", "--log_interval=1", f"--dropout={dropout}"]
+    assert run_train(data_dir, tmp_path / "whole", "--max_iters=20", *common) == 0
+    assert run_train(data_dir, tmp_path / "split", "--max_iters=10", *common) == 0
+    assert run_train(data_dir, tmp_path / "split", "--max_iters=20", "--init_from=resume", *common) == 0
+    whole = [(r["iter"], r["loss"]) for r in read_log(tmp_path / "whole") if "loss" in r]
+    split = [(r["iter"], r["loss"]) for r in read_log(tmp_path / "split") if "loss" in r]
+    assert len(whole) == 20
+    assert split == whole  # bit-identical: same batches, same dropout masks, same optimizer state
+    a = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_full_val_evaluation_is_deterministic(data_dir, tmp_path):
+    for name in ("a", "b"):
+        assert run_train(data_dir, tmp_path / name, "--max_iters=5", "--eval_iters=0", "--eval_interval=5") == 0
+    a, b = ([r["val_loss"] for r in read_log(tmp_path / n) if "val_loss" in r] for n in ("a", "b"))
+    assert a == b
+
+
+def test_learning_rate_warms_up_then_decays_to_min_lr():
+    cfg = train.TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=110)
+    lrs = [train.get_lr(it, cfg) for it in range(120)]
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:11]))  # warmup rises
+    assert lrs[10] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:110], lrs[11:111]))  # cosine falls
+    assert lrs[110] == lrs[119] == pytest.approx(1e-4)
+    assert train.get_lr(60, cfg) == pytest.approx(5.5e-4)  # halfway: the midpoint
+
+
+def test_weight_decay_applies_to_matrices_only():
+    cfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, bias=True)
+    model = train.GPT(train.model_config(cfg, 11))
+    decayed, plain = train.configure_optimizer(model, cfg, "cpu").param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decayed["params"]) and all(p.dim() == 1 for p in plain["params"])
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+
+
+def test_compile_without_a_compiler_warns_and_runs_uncompiled(monkeypatch, capsys):
+    monkeypatch.setattr(train.shutil, "which", lambda name: None)
+    model = torch.nn.Linear(2, 2)
+    assert train.maybe_compile(model, "cpu") is model
+    assert "running uncompiled" in capsys.readouterr().out
+
+
+def test_torchrun_with_two_cpu_processes(data_dir, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
+           TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--eval_interval=3",
+           "--grad_accum=2", "--log_interval=1"]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "2 process(es) on cpu" in result.stdout
+    log = read_log(tmp_path)
+    assert [r["iter"] for r in log if "val_loss" in r] == [0, 3, 6]  # only rank 0 writes
+    assert len([r for r in log if "loss" in r]) == 6
+    assert train.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 6
+
+
+def error_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_missing_data_is_one_error_line(tmp_path, capsys):
+    assert run_train(tmp_path / "nowhere", tmp_path / "out") == 2
+    assert "meta.json not found" in error_line(capsys)
+
+
+def test_block_size_larger_than_val_split_is_an_error(data_dir, tmp_path, capsys):
+    assert run_train(data_dir, tmp_path, "--block_size=100000") == 2
+    assert "block_size" in error_line(capsys)
+
+
+def test_unwritable_out_dir_is_an_error(data_dir, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    assert run_train(data_dir, tmp_path / "file" / "out") == 2
+    assert "cannot write to out_dir" in error_line(capsys)
+
+
+def test_unknown_key_suggests_the_closest(data_dir, tmp_path, capsys):
+    assert run_train(data_dir, tmp_path, "--learning_rat=1e-3") == 2
+    assert "did you mean learning_rate" in error_line(capsys)
+
+
+def test_resume_with_another_model_shape_says_what_differs(data_dir, tmp_path, capsys):
+    assert run_train(data_dir, tmp_path, "--max_iters=2") == 0
+    capsys.readouterr()
+    assert run_train(data_dir, tmp_path, "--max_iters=4", "--init_from=resume", "--n_embd=48") == 2
+    assert "n_embd" in error_line(capsys)
+
+
+def test_resume_without_a_checkpoint_is_an_error(data_dir, tmp_path, capsys):
+    assert run_train(data_dir, tmp_path, "--init_from=resume") == 2
+    assert "ckpt.pt not found" in error_line(capsys)
+
+
+def test_head_count_that_does_not_divide_the_width_is_an_error(data_dir, tmp_path, capsys):
+    assert run_train(data_dir, tmp_path, "--n_head=3") == 2
+    assert "divisible" in error_line(capsys)
