@@ -27,11 +27,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from config import UserError, cli, load_config, option
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, padded_vocab_size
+from optim import Float32Muon, Optimizers, adamw_groups, split_for_muon
 from prepare import open_split, read_meta
 
-CHECKPOINT_FORMAT = 1
 # Dense bf16 tensor-core peaks, for MFU. A device not listed gets no MFU figure.
 PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
 
@@ -42,6 +43,7 @@ class TrainConfig:
     data_dir: str = option("data/shakespeare_char", "directory written by prepare.py")
     out_dir: str = option("out", "where checkpoints and log.jsonl go")
     init_from: str = option("scratch", "'scratch' for a new model, 'resume' to continue out_dir/ckpt.pt")
+    overwrite: bool = option(False, "let a scratch run replace a checkpoint already in out_dir")
     # model (see GPTConfig in model.py)
     n_layer: int = option(6, "number of transformer blocks")
     n_head: int = option(6, "attention heads per block")
@@ -68,6 +70,11 @@ class TrainConfig:
     beta1: float = option(0.9, "AdamW beta1")
     beta2: float = option(0.99, "AdamW beta2")
     grad_clip: float = option(1.0, "clip the gradient norm to this (0: no clipping)")
+    optimizer: str = option("adamw", "adamw, or muon: Muon for the matrices inside the blocks, AdamW for the rest")
+    muon_lr: float = option(0.01, "Muon's peak learning rate, on the same warmup and decay as learning_rate")
+    muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum")
+    muon_ns_steps: int = option(5, "Newton-Schulz steps per Muon update")
+    muon_weight_decay: float = option(0.0, "Muon's weight decay")
     # evaluation and logging
     eval_interval: int = option(250, "evaluate and checkpoint every this many steps")
     eval_iters: int = option(200, "batches per loss estimate (0: the whole val split, deterministically)")
@@ -104,24 +111,35 @@ def pick_dtype(name, device_type):
 
 
 def model_config(cfg, vocab_size):
-    names = {f.name for f in dataclasses.fields(GPTConfig)} - {"vocab_size"}
+    """The model for cfg; its embedding is padded past the tokenizer's vocab_size for speed."""
+    names = {f.name for f in dataclasses.fields(GPTConfig)} - {"vocab_size", "real_vocab_size"}
     try:
-        return GPTConfig(vocab_size=vocab_size, **{n: getattr(cfg, n) for n in names})
+        return GPTConfig(vocab_size=padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
+                         **{n: getattr(cfg, n) for n in names})
     except ValueError as e:
         raise UserError(f"model config: {e}") from None
 
 
 def configure_optimizer(model, cfg, device_type):
-    # Decay every matrix, embeddings included: with tied weights the token embedding
-    # is also the output head, and exempting it would exempt the largest matrix.
-    # Biases and LayerNorm gains are not decayed: they set scales and offsets.
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    """AdamW, or Muon for the block matrices and AdamW for the rest (see optim.py).
+    A group's lr_scale multiplies the schedule's learning rate, so both optimizers
+    warm up and decay together, each from its own peak."""
     fused = device_type == "cuda"
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    if cfg.optimizer == "adamw":
+        params = [p for p in model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(adamw_groups(params, cfg.weight_decay), lr=cfg.learning_rate,
+                                 betas=(cfg.beta1, cfg.beta2), fused=fused)
+    if cfg.optimizer != "muon":
+        raise UserError(f"optimizer must be adamw or muon, got {cfg.optimizer!r}")
+    matrices, rest = split_for_muon(model)
+    adamw = torch.optim.AdamW(adamw_groups(rest, cfg.weight_decay), lr=cfg.learning_rate,
+                              betas=(cfg.beta1, cfg.beta2), fused=fused)
+    # torch's Muon orthogonalizes in bf16: fast on a GPU, slow on a CPU (see optim.py).
+    muon_class = torch.optim.Muon if device_type == "cuda" else Float32Muon
+    muon = muon_class([{"params": matrices, "lr_scale": cfg.muon_lr / cfg.learning_rate}], lr=cfg.muon_lr,
+                      weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, nesterov=True,
+                      ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw")
+    return Optimizers(adamw, muon)
 
 
 def get_lr(it, cfg):
@@ -206,72 +224,84 @@ def estimate_loss(model, splits, cfg, device, autocast, seed):
     return out
 
 
-# --- Checkpoints ------------------------------------------------------------------------------
-
-
-def save_checkpoint(state, path):
-    """Writes to a temporary file in the same directory, fsyncs, then renames over
-    path, so a crash at any moment leaves the previous checkpoint or the new one."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path, device="cpu"):
-    """A checkpoint's dict. weights_only=True: tensors and plain data, never code."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"checkpoint {path} not found; train one first: python train.py config/NAME.toml")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # torch raises many types for a bad file; all mean the same here
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is not a readable checkpoint ({first_line[:200]}); "
-                        "it may be truncated or not a checkpoint: retrain, or use best.pt") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-        raise UserError(f"{path} is not a checkpoint written by train.py")
-    if ckpt.get("format", 0) > CHECKPOINT_FORMAT:
-        raise UserError(f"{path} has checkpoint format {ckpt['format']}, newer than this code "
-                        f"({CHECKPOINT_FORMAT}); update the code to read it")
-    return ckpt
-
-
-def rng_state(data_state):
-    """All random state, with data_state the data sampler's before its next batch."""
-    state = {"python": random.getstate(), "numpy_data": data_state, "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    # Python's state holds 128-bit ints and tuples: keep them as JSON text, so the
-    # checkpoint stays plain data that weights_only loading accepts.
-    return {**state, "python": json.dumps(state["python"]), "numpy_data": json.dumps(state["numpy_data"])}
-
-
-def set_rng_state(state, data_rng):
-    version, internal, gauss = json.loads(state["python"])
-    random.setstate((version, tuple(internal), gauss))
-    data_rng.bit_generator.state = json.loads(state["numpy_data"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 # --- The run ---------------------------------------------------------------------------------
 
 
 class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag: the loop finishes its step and saves."""
+    """While active, SIGINT and SIGTERM set a flag instead of killing the process:
+    the loop finishes its step, saves, and exits 128 + the signal's number."""
 
-    def __init__(self):
+    def __enter__(self):
         self.signum = None
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, self.handle)
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
 
     def handle(self, signum, frame):
         self.signum = signum
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def load_data(cfg):
+    """meta.json and memmapped splits, checked against block_size."""
+    meta = read_meta(cfg.data_dir)
+    splits = {split: open_split(cfg.data_dir, split, meta) for split in ("train", "val")}
+    for split, data in splits.items():
+        if len(data) <= cfg.block_size:
+            raise UserError(f"the {split} split of {cfg.data_dir} has {len(data)} tokens, not more than "
+                            f"block_size {cfg.block_size}; lower --block_size or prepare a longer text")
+    return meta, splits
+
+
+def prepare_out_dir(cfg, start_iter):
+    """Makes out_dir, refuses to start over a run that exists, and cuts log.jsonl back
+    to start_iter, so a resumed run's log reads like an uninterrupted one."""
+    out_dir = Path(cfg.out_dir)
+    if cfg.init_from == "scratch" and (out_dir / "ckpt.pt").exists() and not cfg.overwrite:
+        raise UserError(f"{out_dir / 'ckpt.pt'} exists; continue it with --init_from=resume, "
+                        "start over with --overwrite=true, or pick another --out_dir")
+    log_path = out_dir / "log.jsonl"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        kept = [] if start_iter == 0 or not log_path.exists() else [
+            line for line in log_path.read_text().splitlines() if json.loads(line)["iter"] <= start_iter]
+        tmp = log_path.with_name("log.jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, log_path)
+    except OSError as e:
+        raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror}); pick another --out_dir") from None
+    return out_dir
+
+
+def check_resumable(ckpt, mconf, meta, cfg):
+    path = Path(cfg.out_dir) / "ckpt.pt"
+    now, then = dataclasses.asdict(mconf), ckpt["model_config"]
+    diff = {k: (v, then.get(k)) for k, v in now.items() if then.get(k) != v}
+    if diff:
+        raise UserError(f"cannot resume {path}: the model config differs (now, checkpoint): {diff}")
+    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):
+        raise UserError(f"cannot resume {path}: its tokenizer differs from the one in {cfg.data_dir}")
+
+
+def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg):
+    """One optimizer step over accum micro-batches; returns the loss and the next batch."""
+    for micro in range(accum):
+        # Under DDP, gradients are averaged across processes only on the last micro-step.
+        sync = micro == accum - 1 or not isinstance(model, DDP)
+        with (contextlib.nullcontext() if sync else model.no_sync()), autocast:
+            _, loss = model(x, y)
+            loss = loss / accum
+        x, y = next_batch()  # drawn while the device still works on this one
+        scaler.scale(loss).backward()
+    if cfg.grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item() * accum, x, y  # .item() waits for the device, so step timings are honest
 
 
 @cli
@@ -302,25 +332,9 @@ def run(cfg, device, rank, world):
     accum = cfg.grad_accum // world
     if cfg.init_from not in ("scratch", "resume"):
         raise UserError(f"init_from must be 'scratch' or 'resume', got {cfg.init_from!r}")
-
-    meta = read_meta(cfg.data_dir)
-    splits = {split: open_split(cfg.data_dir, split, meta) for split in ("train", "val")}
-    for split, data in splits.items():
-        if len(data) <= cfg.block_size:
-            raise UserError(f"the {split} split of {cfg.data_dir} has {len(data)} tokens, not more than "
-                            f"block_size {cfg.block_size}; lower --block_size or prepare a longer text")
-
-    out_dir = Path(cfg.out_dir)
-    ckpt = None
-    if cfg.init_from == "resume":
-        ckpt = load_checkpoint(out_dir / "ckpt.pt", device)
-    if master:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / ".write_test").touch()
-            (out_dir / ".write_test").unlink()
-        except OSError as e:
-            raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror}); pick another --out_dir") from None
+    meta, splits = load_data(cfg)
+    ckpt = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt", device) if cfg.init_from == "resume" else None
+    out_dir = prepare_out_dir(cfg, ckpt["iter"] if ckpt else 0) if master else Path(cfg.out_dir)
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
@@ -331,12 +345,7 @@ def run(cfg, device, rank, world):
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))
     start_iter, best_val = 0, float("inf")
     if ckpt is not None:
-        if ckpt["model_config"] != dataclasses.asdict(mconf):
-            diff = {k: (v, ckpt["model_config"].get(k)) for k, v in dataclasses.asdict(mconf).items()
-                    if ckpt["model_config"].get(k) != v}
-            raise UserError(f"cannot resume {out_dir / 'ckpt.pt'}: model config differs (now, checkpoint): {diff}")
-        if ckpt["meta"].get("vocab") != meta.get("vocab") or ckpt["meta"].get("tokenizer") != meta.get("tokenizer"):
-            raise UserError(f"cannot resume {out_dir / 'ckpt.pt'}: its tokenizer differs from {cfg.data_dir}'s")
+        check_resumable(ckpt, mconf, meta, cfg)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
@@ -372,74 +381,66 @@ def run(cfg, device, rank, world):
         save_checkpoint(state, out_dir / "ckpt.pt")
         return state
 
-    stop = StopRequested()
     bar = tqdm(total=cfg.max_iters, initial=start_iter, disable=not master or None, dynamic_ncols=True)
-    # The sampler's state before the batch the next step starts with: resuming from
-    # it draws the same batches an uninterrupted run would.
-    data_state = data_rng.bit_generator.state
-    x, y = get_batch(splits["train"], cfg.batch_size, cfg.block_size, data_rng, device)
+
+    def next_batch():
+        # Keep the sampler's state before each batch: a checkpoint stores the one
+        # before the batch the next step starts with, so resuming draws the same data.
+        nonlocal data_state
+        data_state = data_rng.bit_generator.state
+        return get_batch(splits["train"], cfg.batch_size, cfg.block_size, data_rng, device)
+
+    data_state = None
+    x, y = next_batch()
     step_ms = []
     it = start_iter
-    while True:
-        lr = get_lr(it, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        resumed_here = it == start_iter and start_iter > 0
-        if master and (it % cfg.eval_interval == 0 or it == cfg.max_iters) and not resumed_here:
-            losses = estimate_loss(raw_model, splits, cfg, device, autocast, seed=cfg.seed + it)
-            record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
-                      "val_bpc": losses["val"] / math.log(2), "lr": lr}
-            log(record)
-            improved = losses["val"] < best_val
-            best_val = min(best_val, losses["val"])
-            state = checkpoint(it, losses["val"])
-            if improved:
-                save_checkpoint(state, out_dir / "best.pt")
-            bar.write(f"step {it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-                      f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
-        if it >= cfg.max_iters:
-            break
-
-        t0 = time.perf_counter()
-        for micro in range(accum):
-            sync = micro == accum - 1 or world == 1
-            with (contextlib.nullcontext() if sync else model.no_sync()), autocast:
-                _, loss = model(x, y)
-                loss = loss / accum
-            # Draw the next batch while the device works on this one.
-            data_state = data_rng.bit_generator.state
-            x, y = get_batch(splits["train"], cfg.batch_size, cfg.block_size, data_rng, device)
-            scaler.scale(loss).backward()
-        if cfg.grad_clip > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        loss_value = loss.item() * accum  # the .item() waits for the device: timing is honest
-        step_ms.append((time.perf_counter() - t0) * 1000)
-        it += 1
-
-        # fp16's GradScaler skips steps whose gradients overflow; that is not a failure.
-        # A non-finite loss is: every step after it would be garbage.
-        if not math.isfinite(loss_value):
-            raise UserError(f"loss is {loss_value} at iteration {it}; the last good checkpoint is kept in "
-                            f"{out_dir}. Try a lower --learning_rate, or bfloat16 instead of float16")
-        if master:
-            tok_s = tokens_per_iter / (step_ms[-1] / 1000)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
-            if it % cfg.log_interval == 0:
-                record = {"iter": it, "loss": loss_value, "lr": lr, "ms_per_iter": step_ms[-1], "tokens_per_s": tok_s}
-                if peak:
-                    record["mfu"] = flops * tok_s / peak
+    with StopRequested() as stop:
+        while True:
+            lr = get_lr(it, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at muon_lr's scale
+            resumed_here = it == start_iter and start_iter > 0
+            if master and (it % cfg.eval_interval == 0 or it == cfg.max_iters) and not resumed_here:
+                losses = estimate_loss(raw_model, splits, cfg, device, autocast, seed=cfg.seed + it)
+                record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
+                          "val_bpc": losses["val"] / math.log(2), "lr": lr}
                 log(record)
-        if stop.signum is not None:
+                improved = losses["val"] < best_val
+                best_val = min(best_val, losses["val"])
+                state = checkpoint(it, losses["val"])
+                if improved:
+                    save_checkpoint(state, out_dir / "best.pt")
+                bar.write(f"step {it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
+                          f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
+            if it >= cfg.max_iters:
+                break
+
+            t0 = time.perf_counter()
+            loss_value, x, y = train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg)
+            step_ms.append((time.perf_counter() - t0) * 1000)
+            it += 1
+            # fp16's GradScaler skips steps whose gradients overflow; that is not a failure.
+            # A non-finite loss is: every step after it would be garbage, so nothing is saved.
+            if not math.isfinite(loss_value):
+                raise UserError(f"loss is {loss_value} at iteration {it}; the last good checkpoint is kept in "
+                                f"{out_dir}. Try a lower --learning_rate, or bfloat16 instead of float16")
             if master:
-                checkpoint(it, None)
-                print(f"\nstopped by signal at iteration {it}; saved {out_dir / 'ckpt.pt'} "
-                      f"(continue with --init_from=resume)")
-            return 128 + stop.signum
+                tok_s = tokens_per_iter / (step_ms[-1] / 1000)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                if it % cfg.log_interval == 0:
+                    record = {"iter": it, "loss": loss_value, "lr": lr, "ms_per_iter": step_ms[-1],
+                              "tokens_per_s": tok_s}
+                    if peak:
+                        record["mfu"] = flops * tok_s / peak
+                    log(record)
+            if stop.signum is not None:
+                bar.close()
+                if master:
+                    checkpoint(it, None)
+                    print(f"stopped by {signal.Signals(stop.signum).name} at iteration {it}; saved "
+                          f"{out_dir / 'ckpt.pt'} (continue with --init_from=resume)")
+                return 128 + stop.signum
     bar.close()
     if master:
         median = sorted(step_ms)[len(step_ms) // 2] if step_ms else 0.0

@@ -1,0 +1,68 @@
+"""Checkpoints: written so a crash never loses one, read so a file never runs code.
+
+A checkpoint is a dict of tensors and plain data (numbers, strings, lists, dicts),
+saved with torch.save and loaded with weights_only=True, which refuses anything
+else: a file that would run code when unpickled is rejected, not executed.
+"""
+
+import json
+import os
+import random
+from pathlib import Path
+
+import torch
+
+from config import UserError
+
+CHECKPOINT_FORMAT = 1
+
+
+
+def save_checkpoint(state, path):
+    """Writes to a temporary file in the same directory, fsyncs, then renames over
+    path, so a crash at any moment leaves the previous checkpoint or the new one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, device="cpu"):
+    """A checkpoint's dict. weights_only=True: tensors and plain data, never code."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} not found; train one first: python train.py config/NAME.toml")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # torch raises many types for a bad file; all mean the same here
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path} is not a readable checkpoint ({first_line[:200]}); "
+                        "it may be truncated or not a checkpoint: retrain, or use best.pt") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+        raise UserError(f"{path} is not a checkpoint written by train.py")
+    if ckpt.get("format", 0) > CHECKPOINT_FORMAT:
+        raise UserError(f"{path} has checkpoint format {ckpt['format']}, newer than this code "
+                        f"({CHECKPOINT_FORMAT}); update the code to read it")
+    return ckpt
+
+
+def rng_state(data_state):
+    """All random state, with data_state the data sampler's before its next batch."""
+    state = {"python": random.getstate(), "numpy_data": data_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    # Python's state holds 128-bit ints and tuples: keep them as JSON text, so the
+    # checkpoint stays plain data that weights_only loading accepts.
+    return {**state, "python": json.dumps(state["python"]), "numpy_data": json.dumps(state["numpy_data"])}
+
+
+def set_rng_state(state, data_rng):
+    version, internal, gauss = json.loads(state["python"])
+    random.setstate((version, tuple(internal), gauss))
+    data_rng.bit_generator.state = json.loads(state["numpy_data"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
