@@ -55,7 +55,7 @@ class TrainConfig:
     feedforward: bool = option(True, "a per-position MLP in each block")
     residual: bool = option(True, "residual connections around each sub-layer")
     layernorm: bool = option(True, "pre-norm LayerNorm before each sub-layer and at the end")
-    pos: str = option("learned", "position encoding: learned, sinusoidal or none")
+    pos: str = option("learned", "position encoding: learned, sinusoidal, rope (rotary) or none")
     tie_weights: bool = option(True, "output head shares the token embedding matrix")
     fused_attention: bool = option(True, "use F.scaled_dot_product_attention (False: the written-out math)")
     # optimization
@@ -343,13 +343,14 @@ def run(cfg, device, rank, world):
     model = GPT(mconf).to(device)
     optimizer = configure_optimizer(model, cfg, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))
-    start_iter, best_val = 0, float("inf")
+    start_iter, best_val, evaluated = 0, float("inf"), None  # evaluated: the iteration whose eval is done
     if ckpt is not None:
         check_resumable(ckpt, mconf, meta, cfg)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
         start_iter, best_val = ckpt["iter"], ckpt["best_val_loss"]
+        evaluated = start_iter if ckpt["val_loss"] is not None else None  # None: saved on a signal
         set_rng_state(ckpt["rng"], data_rng)
         if master:
             print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter}")
@@ -399,8 +400,7 @@ def run(cfg, device, rank, world):
             lr = get_lr(it, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at muon_lr's scale
-            resumed_here = it == start_iter and start_iter > 0
-            if master and (it % cfg.eval_interval == 0 or it == cfg.max_iters) and not resumed_here:
+            if master and (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != evaluated:
                 losses = estimate_loss(raw_model, splits, cfg, device, autocast, seed=cfg.seed + it)
                 record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
                           "val_bpc": losses["val"] / math.log(2), "lr": lr}
