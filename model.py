@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MIXERS = ("none", "average", "head", "multihead")
-POSITIONS = ("learned", "sinusoidal", "none")
+POSITIONS = ("learned", "sinusoidal", "rope", "none")
 
 
 @dataclass
@@ -52,9 +52,17 @@ class GPTConfig:
             raise ValueError(f"pos must be one of {POSITIONS}, got {self.pos!r}")
         if self.mixer == "multihead" and self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.pos == "rope" and (self.mixer not in ("head", "multihead") or self.head_size % 2):
+            raise ValueError(f"pos 'rope' turns pairs of query and key channels: it needs mixer head or "
+                             f"multihead and an even head size, got mixer {self.mixer!r}, head size {self.head_size}")
         for name in ("vocab_size", "block_size", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+    @property
+    def head_size(self):
+        return self.n_embd if self.mixer == "head" else self.n_embd // self.n_head
 
 
 # --- Masks --------------------------------------------------------------------
@@ -90,7 +98,7 @@ class CausalAverage(nn.Module):
     the zeros into 1/(t+1). No parameters: every earlier token counts the same.
     """
 
-    def forward(self, x, mask=None, cache=None):
+    def forward(self, x, mask=None, cache=None, rope=None):
         B, T, C = x.shape
         v = x.unsqueeze(1)  # (B, 1, T, C): one "head" whose values are the inputs
         if cache is not None:
@@ -123,6 +131,25 @@ def explicit_attention(q, k, v, mask=None, dropout=None):
     return weights @ v, weights  # (..., T, hs), (..., T, S)
 
 
+def rope_tables(block_size, head_size, base=10000.0):
+    """(cos, sin), each (block_size, hs/2): rotary position embedding (RoPE) angles.
+
+    RoPE turns each pair of query and key channels by an angle that grows with
+    the position, pair i at its own rate base^(-2i/hs). A query at t and a key
+    at s then score by their offset t - s alone: positions become relative.
+    """
+    freq = base ** (-torch.arange(0, head_size, 2).float() / head_size)  # (hs/2,)
+    angles = torch.arange(block_size).float()[:, None] * freq  # (T, hs/2)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x, rope):
+    """x (B, H, T, hs) with channels i and i + hs/2 turned by their angles in rope."""
+    cos, sin = rope  # each (B or 1, 1, T, hs/2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, H, T, hs)
+
+
 class Head(nn.Module):
     """One head of self-attention: each position asks a question (query), each
     position advertises what it holds (key), and the answer is a weighted mean
@@ -136,10 +163,12 @@ class Head(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.weights = None  # the last attention weights, kept for inspection
 
-    def forward(self, x, mask=None, cache=None):
+    def forward(self, x, mask=None, cache=None, rope=None):
         q = self.query(x).unsqueeze(1)  # (B, 1, T, hs)
         k = self.key(x).unsqueeze(1)  # (B, 1, T, hs)
         v = self.value(x).unsqueeze(1)  # (B, 1, T, hs)
+        if rope is not None:
+            q, k = rotate(q, rope), rotate(k, rope)  # cached keys keep their rotation
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, 1, S, hs)
         out, self.weights = explicit_attention(q, k, v, mask, self.dropout)  # (B, 1, T, hs)
@@ -169,10 +198,12 @@ class MultiHeadAttention(nn.Module):
         self.keep_weights = False
         self.weights = None
 
-    def forward(self, x, mask=None, cache=None):
+    def forward(self, x, mask=None, cache=None, rope=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
+        if rope is not None:
+            q, k = rotate(q, rope), rotate(k, rope)  # cached keys keep their rotation
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, H, S, hs)
         if self.fused and not self.keep_weights:
@@ -232,9 +263,9 @@ class Block(nn.Module):
         self.ffwd = FeedForward(config) if config.feedforward else None
         self.residual = config.residual
 
-    def forward(self, x, mask=None, cache=None):
+    def forward(self, x, mask=None, cache=None, rope=None):
         if self.mixer is not None:
-            h = self.mixer(self.ln_1(x), mask, cache)  # (B, T, C)
+            h = self.mixer(self.ln_1(x), mask, cache, rope)  # (B, T, C)
             x = x + h if self.residual else h
         if self.ffwd is not None:
             h = self.ffwd(self.ln_2(x))  # (B, T, C)
@@ -301,6 +332,10 @@ class GPT(nn.Module):
             self.wpe = nn.Embedding(config.block_size, C)
         elif config.pos == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_positions(config.block_size, C), persistent=False)
+        elif config.pos == "rope":
+            cos, sin = rope_tables(config.block_size, config.head_size)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(C, bias=config.bias) if config.layernorm else nn.Identity()
@@ -351,9 +386,12 @@ class GPT(nn.Module):
             x = x + self.wpe(pos)
         elif self.config.pos == "sinusoidal":
             x = x + self.pos_table[pos]
+        rope = None
+        if self.config.pos == "rope":  # the same angles for every head: (B or 1, 1, T, hs/2)
+            rope = self.rope_cos[pos].unsqueeze(-3), self.rope_sin[pos].unsqueeze(-3)
         x = self.drop(x)
         for block in self.blocks:
-            x = block(x, mask, cache)  # (B, T, C)
+            x = block(x, mask, cache, rope)  # (B, T, C)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         loss = None
         if targets is not None:

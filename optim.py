@@ -1,0 +1,115 @@
+"""The optimizers train.py can use: AdamW for everything, or Muon for the matrices
+inside the blocks and AdamW for the rest.
+
+Muon (https://kellerjordan.github.io/posts/muon/) takes the momentum of a weight
+matrix's gradient and replaces it by the nearest matrix whose singular values are
+all about 1, so every direction of the update moves at the same rate instead of
+a few large directions dominating. That suits the square-ish maps between hidden
+vectors inside the blocks; embeddings and the output head are per-token lookups,
+and gains and biases are not matrices, so those stay with AdamW.
+"""
+
+import math
+from collections import defaultdict
+
+import torch
+
+
+def adamw_groups(params, weight_decay):
+    """Decay every matrix, embeddings included: with tied weights the token embedding
+    is also the output head, and exempting it would exempt the largest matrix.
+    Biases and LayerNorm gains are not decayed: they set scales and offsets."""
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def split_for_muon(model):
+    """(matrices, rest): the 2-D weights inside the blocks, and everything else."""
+    matrices, rest = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (matrices if name.startswith("blocks.") and p.dim() == 2 else rest).append(p)
+    return matrices, rest
+
+
+def orthogonalize(G, coefficients=(3.4445, -4.7750, 2.0315), steps=5, eps=1e-7):
+    """G (N, A, B) -> (N, A, B) in float32: each matrix with its singular values
+    pushed towards 1 by a quintic Newton-Schulz iteration (torch.optim.Muon's)."""
+    a, b, c = coefficients
+    X = G.float()
+    tall = X.size(-2) > X.size(-1)
+    if tall:
+        X = X.mT  # iterate on the wide side, so the Gram matrix is the small one
+    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm = 1
+    for _ in range(steps):
+        gram = X @ X.mT  # (N, A, A)
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b*gram + c*gram^2
+        X = torch.baddbmm(X, poly, X, beta=a)  # a*X + (b*gram + c*gram^2) X
+    return X.mT if tall else X
+
+
+class Float32Muon(torch.optim.Muon):
+    """torch.optim.Muon with its Newton-Schulz iteration in float32, one batched
+    iteration per shape of matrix.
+
+    torch's runs in bfloat16, which is right on a GPU but slow on CPUs: those
+    without native bf16 matmuls take ~15x longer than in float32, and even this
+    repo's avx512_bf16 test machine takes ~1.7x. Batching the same-shaped matrices
+    (the blocks' all share 4 shapes) makes fewer, larger matmuls. Same
+    hyperparameters, same state (a momentum buffer per matrix), same update to
+    within bf16 precision: tests/test_optim.py checks it.
+    """
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            momentum, lr = group["momentum"], group["lr"]
+            by_shape = defaultdict(list)
+            for p in group["params"]:
+                if p.grad is not None:
+                    by_shape[p.shape].append(p)
+            for (A, B), params in by_shape.items():
+                updates = []
+                for p in params:
+                    buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                    buf.lerp_(p.grad, 1 - momentum)
+                    updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
+                ortho = orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"])
+                if group["adjust_lr_fn"] == "match_rms_adamw":
+                    scale = 0.2 * math.sqrt(max(A, B))  # the update's RMS becomes AdamW's typical 0.2
+                else:
+                    scale = math.sqrt(max(1, A / B))  # torch's "original"
+                for p, update in zip(params, ortho):
+                    p.mul_(1 - lr * group["weight_decay"])
+                    p.add_(update.to(p.dtype), alpha=-lr * scale)
+
+
+class Optimizers:
+    """Several optimizers that step as one. train.py and torch's GradScaler use only
+    what is here: param_groups, step, zero_grad and the state dict."""
+
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self):
+        return [group for opt in self.optimizers for group in opt.param_groups]
+
+    def step(self):
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self, set_to_none=True):
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
+
+    def load_state_dict(self, state):
+        if len(state.get("optimizers", ())) != len(self.optimizers):
+            raise ValueError("the saved optimizer state is for a different optimizer")
+        for opt, opt_state in zip(self.optimizers, state["optimizers"]):
+            opt.load_state_dict(opt_state)

@@ -1,0 +1,119 @@
+"""optim.py and --optimizer=muon: who gets Muon, what its update is, and resuming."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import prepare
+import train
+from optim import Float32Muon, Optimizers, orthogonalize
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "config" / "tiny.toml")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    (root / "input.txt").write_text("\n".join(f"line {i}: to be or not to be." for i in range(400)))
+    assert prepare.main(["--input", str(root / "input.txt"), "--out_dir", str(root / "chars")]) == 0
+    return str(root / "chars")
+
+
+def run_train(data_dir, out_dir, *overrides):
+    return train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--optimizer=muon", *overrides])
+
+
+def read_log(out_dir):
+    return [json.loads(line) for line in open(Path(out_dir) / "log.jsonl")]
+
+
+def test_muon_gets_the_block_matrices_and_adamw_everything_else():
+    cfg = train.TrainConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, bias=True, optimizer="muon")
+    model = train.GPT(train.model_config(cfg, 11))
+    optimizer = train.configure_optimizer(model, cfg, "cpu")
+    adamw, muon = optimizer.optimizers
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon_names = sorted(names[id(p)] for g in muon.param_groups for p in g["params"])
+    assert muon_names == sorted(f"blocks.{i}.{m}.weight" for i in range(2)
+                                for m in ("mixer.c_attn", "mixer.c_proj", "ffwd.c_fc", "ffwd.c_proj"))
+    adamw_names = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert {"wte.weight", "wpe.weight", "ln_f.weight", "blocks.0.mixer.c_attn.bias"} <= adamw_names
+    assert len(muon_names) + len(adamw_names) == len(list(model.parameters()))
+
+
+def make_params(seed):
+    torch.manual_seed(seed)
+    shapes = [(48, 16), (16, 16), (64, 16), (16, 64)]  # the blocks' four shapes, two of each
+    return [torch.nn.Parameter(0.02 * torch.randn(s)) for s in shapes for _ in range(2)]
+
+
+def test_float32_muon_makes_torchs_bf16_update_to_within_bf16_precision():
+    ours, theirs = make_params(0), make_params(0)
+    settings = dict(lr=0.02, weight_decay=0.1, momentum=0.95, adjust_lr_fn="match_rms_adamw")
+    opt_ours, opt_theirs = Float32Muon(ours, **settings), torch.optim.Muon(theirs, **settings)
+    for _ in range(3):  # several steps, so the momentum buffers matter too
+        before = [p.detach().clone() for p in ours]
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        opt_ours.step()
+        opt_theirs.step()
+        for a, b, p0 in zip(ours, theirs, before):
+            ours_step, theirs_step = a.detach() - p0, b.detach() - p0
+            # bf16 keeps 8 bits of mantissa (0.4%); five iterations compound it to about 2%.
+            assert (ours_step - theirs_step).norm() < 0.05 * ours_step.norm()
+            b.data.copy_(a.data)  # go on from the same point
+
+
+def test_batched_orthogonalization_equals_one_matrix_at_a_time():
+    G = torch.randn(3, 64, 16)
+    one_by_one = torch.stack([orthogonalize(g[None])[0] for g in G])
+    torch.testing.assert_close(orthogonalize(G), one_by_one)
+
+
+@pytest.mark.parametrize("shape", [(64, 16), (16, 64)])
+def test_orthogonalization_brings_every_singular_value_near_one(shape):
+    torch.manual_seed(0)
+    k = min(shape)
+    U, V = torch.linalg.qr(torch.randn(shape[0], k))[0], torch.linalg.qr(torch.randn(shape[1], k))[0]
+    G = U @ torch.diag(torch.logspace(-2, 0, k)) @ V.T  # singular values from 0.01 to 1
+    s = torch.linalg.svdvals(orthogonalize(G[None])[0])
+    assert s.min() > 0.5 and s.max() < 1.5  # the quintic's target band, not exactly 1
+
+
+def test_each_optimizer_follows_the_schedule_from_its_own_peak(data_dir, tmp_path):
+    schedule = ["--max_iters=7", "--lr_decay_iters=20", "--learning_rate=2e-3"]
+    assert run_train(data_dir, tmp_path, *schedule, "--muon_lr=0.03") == 0
+    saved = train.load_checkpoint(tmp_path / "ckpt.pt")["optimizer"]["optimizers"]
+    cfg = train.TrainConfig(max_iters=7, lr_decay_iters=20, warmup_iters=5, learning_rate=2e-3)
+    lr = train.get_lr(7, cfg)  # the loop sets the rate before it checkpoints at the end
+    assert [g["lr"] for g in saved[0]["param_groups"]] == pytest.approx([lr, lr])
+    assert saved[1]["param_groups"][0]["lr"] == pytest.approx(lr * 0.03 / 2e-3)
+
+
+def test_resume_with_muon_and_rope_matches_uninterrupted_run(data_dir, tmp_path):
+    common = ["--lr_decay_iters=16", "--log_interval=1", "--pos=rope", "--dropout=0.1"]
+    assert run_train(data_dir, tmp_path / "whole", "--max_iters=16", *common) == 0
+    assert run_train(data_dir, tmp_path / "split", "--max_iters=8", *common) == 0
+    assert run_train(data_dir, tmp_path / "split", "--max_iters=16", "--init_from=resume", *common) == 0
+    whole = [(r["iter"], r["loss"]) for r in read_log(tmp_path / "whole") if "loss" in r]
+    split = [(r["iter"], r["loss"]) for r in read_log(tmp_path / "split") if "loss" in r]
+    assert len(whole) == 16 and split == whole  # bit-identical, momentum buffers included
+    a, b = (train.load_checkpoint(tmp_path / d / "ckpt.pt") for d in ("whole", "split"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_combined_optimizer_refuses_another_optimizers_state():
+    p = torch.nn.Parameter(torch.zeros(2, 2))
+    both = Optimizers(torch.optim.AdamW([p]), Float32Muon([p]))
+    with pytest.raises(ValueError, match="different optimizer"):
+        both.load_state_dict(torch.optim.AdamW([p]).state_dict())
+
+
+def test_unknown_optimizer_is_one_error_line(data_dir, tmp_path, capsys):
+    assert run_train(data_dir, tmp_path, "--optimizer=sgd") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "adamw or muon" in err[0]
