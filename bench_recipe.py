@@ -1,0 +1,137 @@
+"""The recipe ablation: val loss and time to a target loss, classic against fast.
+
+    python bench_recipe.py                                   # the table, 2000 iterations each
+    python bench_recipe.py --runs=classic --runs=fast --seeds=1337 --seeds=1
+    python bench_recipe.py --runs="lr4e-3=config/shakespeare_char_cpu.toml --learning_rate=4e-3"
+    python bench_recipe.py --report_only=true                # reprint the table from the logs
+
+Each run is `python train.py PRESET --key=value ...` in its own process, with the
+whole val split evaluated every eval_interval steps (eval_iters=0, so the losses
+are exact, not estimates) and the schedule stretched over --iters. Seconds to
+the target are the sum of the logged per-step times (forward, backward,
+optimizer step, next batch) up to the first evaluation at or below the target:
+evaluation and checkpoint time is left out, as it would be the same for any
+recipe. Losses do not depend on how busy the CPU is; milliseconds do, so time
+the classic and fast runs one after the other on an otherwise idle machine.
+"""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from config import UserError, cli, load_config, option
+
+CPU = "config/shakespeare_char_cpu.toml"
+VARIANTS = {
+    "classic": [CPU],
+    "adamw_lr": [CPU, "--learning_rate=4e-3"],
+    "muon": [CPU, "--optimizer=muon"],
+    "rope": [CPU, "--pos=rope"],
+    "muon_rope": [CPU, "--optimizer=muon", "--pos=rope"],
+    "fast": ["config/shakespeare_char_cpu_fast.toml"],
+}
+CHECKPOINTS = (500, 1000, 2000)  # iterations whose val loss the table shows
+
+
+@dataclass
+class BenchConfig:
+    runs: list[str] = option(list(VARIANTS), "what to run: a name from VARIANTS, or 'NAME=PRESET --key=value ...'")
+    seeds: list[str] = option(["1337", "1"], "random seeds; every run once per seed")
+    iters: int = option(2000, "training steps per run (the learning-rate schedule ends there)")
+    eval_interval: int = option(50, "evaluate every this many steps: the resolution of the time to target")
+    target: float = option(1.886, "val loss to reach (nanoGPT's CPU config after 2000 iterations)")
+    out_dir: str = option("out/bench_recipe", "where the runs' logs go, one directory per run and seed")
+    jobs: int = option(1, "runs at once (more than 1 only for losses: they share the CPU)")
+    threads: int = option(0, "torch threads per run (0: torch's default)")
+    report_only: bool = option(False, "print the table from the logs in out_dir, training nothing")
+
+
+def parse_run(spec):
+    """'name' or 'name=PRESET --key=value ...' -> (name, train.py arguments)."""
+    name, has_args, args = spec.partition("=")
+    if has_args:
+        return name.strip(), args.split()
+    if name not in VARIANTS:
+        raise UserError(f"unknown run {name!r}: pick one of {', '.join(VARIANTS)} or write NAME=PRESET --key=value")
+    return name, VARIANTS[name]
+
+
+def train(args, run_dir, cfg):
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    cmd = [sys.executable, "train.py", *args, f"--max_iters={cfg.iters}", f"--lr_decay_iters={cfg.iters}",
+           "--eval_iters=0", f"--eval_interval={cfg.eval_interval}", "--log_interval=1", f"--out_dir={run_dir}"]
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(cfg.threads)} if cfg.threads else {})}
+    (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
+    with open(run_dir / "stdout.txt", "w") as out:
+        code = subprocess.run(cmd, cwd=Path(__file__).parent, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise UserError(f"{' '.join(cmd)} failed (exit {code}); see {run_dir / 'stdout.txt'}")
+
+
+def summarize(run_dir, target):
+    """The table's numbers for one run, from its log.jsonl."""
+    records = [json.loads(line) for line in open(run_dir / "log.jsonl")]
+    val = {r["iter"]: r["val_loss"] for r in records if "val_loss" in r}
+    step_ms = {r["iter"]: r["ms_per_iter"] for r in records if "ms_per_iter" in r}
+    reached = next((it for it in sorted(val) if val[it] <= target), None)
+    return {
+        "val": val,
+        "ms": statistics.median(step_ms.values()),
+        "reached": reached,
+        "seconds": None if reached is None else sum(ms for it, ms in step_ms.items() if it <= reached) / 1000,
+    }
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(rows, cfg):
+    checkpoints = [c for c in CHECKPOINTS if c < cfg.iters] + [cfg.iters]
+    print(f"| run | seed | {' | '.join(f'val@{c}' for c in checkpoints)} | ms/iter | iters to {cfg.target} "
+          f"| s to {cfg.target} |")
+    print("|" + "---|" * (len(checkpoints) + 5))
+    for name, seed, s in rows:
+        vals = " | ".join(fmt(s["val"].get(c), ".4f") for c in checkpoints)
+        print(f"| {name} | {seed} | {vals} | {s['ms']:.1f} | {fmt(s['reached'], 'd')} | {fmt(s['seconds'], '.1f')} |")
+
+
+@cli
+def main(argv):
+    cfg = load_config(BenchConfig, argv, "bench_recipe.py", __doc__.strip().splitlines()[0])
+    runs = [parse_run(spec) for spec in cfg.runs]
+    try:
+        seeds = [int(s) for s in cfg.seeds]
+    except ValueError:
+        raise UserError(f"seeds must be integers, got {cfg.seeds}") from None
+    jobs = [(name, args + [f"--seed={seed}"], seed, Path(cfg.out_dir) / name / f"seed{seed}")
+            for name, args in runs for seed in seeds]
+    if not cfg.report_only:
+        with ThreadPoolExecutor(max_workers=max(1, cfg.jobs)) as pool:
+            for future in [pool.submit(train, args, run_dir, cfg) for _, args, _, run_dir in jobs]:
+                future.result()
+    rows = []
+    for name, _, seed, run_dir in jobs:
+        if not (run_dir / "log.jsonl").is_file():
+            raise UserError(f"no log in {run_dir}: run without --report_only first")
+        rows.append((name, seed, summarize(run_dir, cfg.target)))
+    print_table(rows, cfg)
+    by_name = {}
+    for name, _, s in rows:
+        by_name.setdefault(name, []).append(s["seconds"])
+    if "classic" in by_name and "fast" in by_name and None not in by_name["classic"] + by_name["fast"]:
+        classic, fast = statistics.mean(by_name["classic"]), statistics.mean(by_name["fast"])
+        print(f"\nseconds to val <= {cfg.target}: classic {classic:.1f}, fast {fast:.1f}, "
+              f"fast takes {fast / classic:.0%} of classic's time ({classic / fast:.2f}x faster)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
