@@ -37,10 +37,14 @@ def load_checkpoint(path, device="cpu"):
         raise UserError(f"checkpoint {path} not found; train one first: python train.py config/NAME.toml")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # torch raises many types for a bad file; all mean the same here
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is not a readable checkpoint ({first_line[:200]}); "
-                        "it may be truncated or not a checkpoint: retrain, or use best.pt") from None
+    except Exception as e:  # torch raises many types for a bad file
+        if type(e).__name__ == "UnpicklingError":  # weights_only met something other than plain data
+            raise UserError(f"{path} holds objects other than tensors and plain data, which could run code "
+                            "when loaded; refused. Load only checkpoints written by train.py") from None
+        with open(path, "rb") as f:
+            zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+        problem = "is truncated or damaged" if zipped else "is not a checkpoint (torch.save writes a zip archive)"
+        raise UserError(f"{path} {problem}; not a readable checkpoint: retrain, or use best.pt") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
         raise UserError(f"{path} is not a checkpoint written by train.py")
     if ckpt.get("format", 0) > CHECKPOINT_FORMAT:

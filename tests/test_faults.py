@@ -14,6 +14,7 @@ import torch
 
 import checkpoint
 import prepare
+import sample
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,11 +176,13 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_never_runs(data_dir, tm
     evil = {"format": 1, "model": {}, "model_config": {}, "payload": RunsCode(marker)}
     with open(out_dir / "ckpt.pt", "wb") as f:
         pickle.dump(evil, f)
-    with pytest.raises(train.UserError, match="not a readable checkpoint"):
+    with pytest.raises(train.UserError, match="could run code"):
         checkpoint.load_checkpoint(out_dir / "ckpt.pt")
     code = train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--init_from=resume"])
-    assert code == 2 and "not a readable checkpoint" in capsys.readouterr().err
+    assert code == 2 and "could run code" in capsys.readouterr().err
+    assert sample.main([f"--out_dir={out_dir}", "--max_new_tokens=3"]) == 2
+    assert "could run code" in capsys.readouterr().err
     torch.save(evil, out_dir / "ckpt.pt")  # the same, in torch's own zip format
-    with pytest.raises(train.UserError, match="not a readable checkpoint"):
+    with pytest.raises(train.UserError, match="could run code"):
         checkpoint.load_checkpoint(out_dir / "ckpt.pt")
     assert not marker.exists()

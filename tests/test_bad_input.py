@@ -1,0 +1,127 @@
+"""The bad-input catalogue: every user mistake is one `error:` line, exit 2, no
+traceback, and nothing already on disk is changed.
+
+Each case names a script, sets up the mistake in a scratch copy of a small
+prepared data set and trained checkpoint, and gives a fragment the message must
+contain (the thing it names, or the fix it suggests).
+"""
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import checkpoint
+import prepare
+import sample
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "config" / "tiny.toml")
+SCRIPTS = {"prepare": prepare.main, "train": train.main, "sample": sample.main}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """data/ (prepared), out/ (a trained tiny checkpoint): the state mistakes must not damage."""
+    root = tmp_path_factory.mktemp("ws")
+    (root / "input.txt").write_text("".join(f"row {i}: some plain text here.\n" for i in range(500)))
+    assert prepare.main(["--input", str(root / "input.txt"), "--out_dir", str(root / "data")]) == 0
+    assert train.main([TINY, f"--data_dir={root / 'data'}", f"--out_dir={root / 'out'}", "--max_iters=2"]) == 0
+    return root
+
+
+def snapshot(root):
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+def write(path, content):
+    Path(path).write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(path)
+
+
+def truncate_checkpoint(ws):
+    data = (ws / "out" / "ckpt.pt").read_bytes()
+    write(ws / "out" / "ckpt.pt", data[: len(data) // 2])
+
+
+def newer_checkpoint(ws):
+    ckpt = torch.load(ws / "out" / "ckpt.pt", weights_only=True)
+    torch.save({**ckpt, "format": checkpoint.CHECKPOINT_FORMAT + 1}, ws / "out" / "ckpt.pt")
+
+
+def mismatched_bins(ws):
+    data = (ws / "data" / "train.bin").read_bytes()
+    write(ws / "data" / "train.bin", data[:-10])
+
+
+def train_args(ws, *extra):
+    return [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'new_out'}", "--max_iters=2", *extra]
+
+
+# (case, script, setup(ws) -> None, args(ws) -> list, fragment the message contains)
+CASES = [
+    ("empty text file", "prepare", lambda ws: write(ws / "empty.txt", ""),
+     lambda ws: ["--input", str(ws / "empty.txt"), "--out_dir", str(ws / "data")], "is empty"),
+    ("binary file", "prepare", lambda ws: write(ws / "blob.bin", bytes(range(256)) * 4),
+     lambda ws: ["--input", str(ws / "blob.bin"), "--out_dir", str(ws / "data")], "binary"),
+    ("non-UTF-8 text", "prepare", lambda ws: write(ws / "latin1.txt", "caf\xe9 au lait".encode("latin-1")),
+     lambda ws: ["--input", str(ws / "latin1.txt"), "--out_dir", str(ws / "data")], "offset 3"),
+    ("missing input file", "prepare", None,
+     lambda ws: ["--input", str(ws / "nope.txt"), "--out_dir", str(ws / "data")], "not found"),
+    ("val_fraction outside (0, 1)", "prepare", None,
+     lambda ws: ["--input", str(ws / "input.txt"), "--out_dir", str(ws / "data"), "--val_fraction=1"], "val_fraction"),
+    ("text shorter than block_size + 1 in a split", "train", None,
+     lambda ws: train_args(ws, "--block_size=5000"), "block_size"),
+    ("data dir without meta.json", "train", lambda ws: (ws / "nodata").mkdir(exist_ok=True),
+     lambda ws: [TINY, f"--data_dir={ws / 'nodata'}", f"--out_dir={ws / 'new_out'}"], "meta.json not found"),
+    ("bins that do not match meta.json", "train", mismatched_bins, lambda ws: train_args(ws), "run prepare.py again"),
+    ("unknown config key", "train", None, lambda ws: train_args(ws, "--n_layers=2"), "did you mean n_layer"),
+    ("ill-typed config value", "train", None, lambda ws: train_args(ws, "--batch_size=big"), "batch_size must be int"),
+    ("TOML syntax error", "train", lambda ws: write(ws / "bad.toml", "n_layer = 2\nn_head = = 4\n"),
+     lambda ws: [str(ws / "bad.toml")], "line 2"),
+    ("unknown key in a TOML preset", "train", lambda ws: write(ws / "typo.toml", "learning_rat = 0.1\n"),
+     lambda ws: [str(ws / "typo.toml")], "did you mean learning_rate"),
+    ("out_dir not writable", "train", lambda ws: write(ws / "a_file", "x"),
+     lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'a_file' / 'out'}"], "cannot write"),
+    ("truncated checkpoint (resume)", "train", truncate_checkpoint,
+     lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'out'}", "--init_from=resume"], "truncated"),
+    ("truncated checkpoint (sample)", "sample", truncate_checkpoint,
+     lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=5"], "truncated"),
+    ("a file that is not a checkpoint", "sample", lambda ws: write(ws / "out" / "ckpt.pt", "hello, world\n"),
+     lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=5"], "not a readable checkpoint"),
+    ("a checkpoint from a newer format", "sample", newer_checkpoint,
+     lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=5"], "newer than this code"),
+    ("missing checkpoint", "sample", None,
+     lambda ws: [f"--out_dir={ws / 'no_such_run'}", "--max_new_tokens=5"], "not found"),
+    ("prompt with unknown characters", "sample", None,
+     lambda ws: [f"--out_dir={ws / 'out'}", "--start=row 1: ZEBRA", "--max_new_tokens=5"], "Z"),
+    ("temperature below 0", "sample", None, lambda ws: [f"--out_dir={ws / 'out'}", "--temperature=-1"], "temperature"),
+    ("top_k below 1", "sample", None, lambda ws: [f"--out_dir={ws / 'out'}", "--top_k=0"], "top_k"),
+    ("top_p outside (0, 1]", "sample", None, lambda ws: [f"--out_dir={ws / 'out'}", "--top_p=1.5"], "top_p"),
+    ("num_samples below 1", "sample", None, lambda ws: [f"--out_dir={ws / 'out'}", "--num_samples=0"], "num_samples"),
+    ("max_new_tokens below 0", "sample", None,
+     lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=-3"], "max_new_tokens"),
+    ("prompt file that does not exist", "sample", None,
+     lambda ws: [f"--out_dir={ws / 'out'}", f"--start=FILE:{ws / 'nope.txt'}"], "not found"),
+]
+
+
+@pytest.mark.parametrize("case, script, setup, args, fragment", CASES, ids=[c[0] for c in CASES])
+def test_user_mistake_is_one_error_line_and_changes_nothing(workspace, tmp_path, capsys,
+                                                            case, script, setup, args, fragment):
+    ws = tmp_path / "ws"
+    shutil.copytree(workspace, ws)
+    if setup:
+        setup(ws)
+    before = snapshot(ws)
+    capsys.readouterr()
+    assert SCRIPTS[script](args(ws)) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert "Traceback" not in captured.out + captured.err
+    assert fragment in lines[0], lines[0]
+    assert snapshot(ws) == before, "a mistake changed files already on disk"
