@@ -29,7 +29,8 @@ POSITIONS = ("learned", "sinusoidal", "rope", "none")
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 65
+    vocab_size: int = 65  # rows of the embedding: the tokenizer's, maybe padded (padded_vocab_size)
+    real_vocab_size: int | None = None  # the tokenizer's; logits past it are padding, cut off
     block_size: int = 256  # the longest context the model sees
     n_layer: int = 6
     n_head: int = 6
@@ -58,11 +59,17 @@ class GPTConfig:
         for name in ("vocab_size", "block_size", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-
+        if self.real_vocab_size is not None and not 1 <= self.real_vocab_size <= self.vocab_size:
+            raise ValueError(f"real_vocab_size must be 1 to vocab_size ({self.vocab_size}), got {self.real_vocab_size}")
 
     @property
     def head_size(self):
         return self.n_embd if self.mixer == "head" else self.n_embd // self.n_head
+
+
+def padded_vocab_size(n, multiple=64):
+    """n rounded up to a multiple: GPU matmuls run faster on round sizes (50257 -> 50304)."""
+    return -(-n // multiple) * multiple
 
 
 # --- Masks --------------------------------------------------------------------
@@ -392,7 +399,8 @@ class GPT(nn.Module):
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, mask, cache, rope)  # (B, T, C)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        # Padding logits are cut off here, so they are never sampled and never in the loss.
+        logits = self.lm_head(self.ln_f(x))[..., : self.config.real_vocab_size]  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)

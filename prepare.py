@@ -1,17 +1,26 @@
-"""Turns a text file into token files that train.py reads.
+"""Turns text files into token files that train.py reads.
 
-    python prepare.py --input notes.txt          # -> data/notes_char/
-    python prepare.py                            # Tiny Shakespeare, downloaded
+    python prepare.py --input notes.txt                    # -> data/notes_char/
+    python prepare.py --input notes.txt --tokenizer gpt2   # -> data/notes_gpt2/
+    python prepare.py --input a.txt --input b.txt          # several documents
+    python prepare.py --input books/                       # a directory: its *.txt, sorted
+    python prepare.py                                      # Tiny Shakespeare, downloaded
 
 Writes DIR/train.bin and DIR/val.bin (token ids, numpy uint16, or uint32 for
 vocabularies past 65,536) and DIR/meta.json, which holds all that is needed to
 rebuild the tokenizer and read the bins. The first (1 - val_fraction) of the
-text is for training, the rest for validation.
+tokens are for training, the rest for validation. Several inputs are documents,
+in order, separated by the end-of-text token (char has none: a blank line).
+Inputs stream through in chunks, so memory stays bounded whatever their size:
+char reads them twice (first to find the characters), BPE encodes on every core.
 """
 
+import codecs
 import hashlib
+import itertools
 import json
 import os
+import shutil
 import sys
 import urllib.error
 import urllib.request
@@ -19,54 +28,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from config import UserError, cli, load_config, option
+from tokenizer import CharTokenizer, TiktokenTokenizer, cpu_count, cut_point, tokenizer_from_meta  # noqa: F401
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 META_FORMAT = 1
+CHUNK_BYTES = 1 << 23  # read and encode 8 MiB at a time
 
 
 @dataclass
 class PrepareConfig:
-    input: str = option("", "text file to prepare (UTF-8); empty: download Tiny Shakespeare")
-    out_dir: str = option("", "where to write the bins and meta.json; empty: data/<input stem>_char")
-    val_fraction: float = option(0.1, "fraction of the text, taken from its end, kept for validation")
+    input: list[str] = option([], "text file (UTF-8) or directory of *.txt; repeat for more; none: Tiny Shakespeare")
+    tokenizer: str = option("char", "char, or a tiktoken encoding: gpt2, r50k_base, cl100k_base, o200k_base, ...")
+    out_dir: str = option("", "where to write the bins and meta.json; empty: data/<first input's stem>_<tokenizer>")
+    val_fraction: float = option(0.1, "fraction of the tokens, taken from the end, kept for validation")
     url: str = option(SHAKESPEARE_URL, "where to fetch Tiny Shakespeare from when no --input is given")
-
-
-# --- Tokenizers ------------------------------------------------------------------
-
-
-class CharTokenizer:
-    """One token per character; the vocabulary is the text's sorted characters."""
-
-    kind = "char"
-
-    def __init__(self, chars):
-        self.chars = list(chars)
-        self.vocab_size = len(self.chars)
-        self.stoi = {ch: i for i, ch in enumerate(self.chars)}
-
-    def encode(self, text):
-        return [self.stoi[ch] for ch in text]
-
-    def decode(self, ids):
-        return "".join(self.chars[i] for i in ids)
-
-    def unknown(self, text):
-        """The characters of text this tokenizer has no token for, in order of first use."""
-        return list(dict.fromkeys(ch for ch in text if ch not in self.stoi))
-
-    def meta(self):
-        return {"tokenizer": self.kind, "vocab": self.chars}
-
-
-def tokenizer_from_meta(meta):
-    """Rebuilds the tokenizer that wrote a data set, from its meta.json contents."""
-    if meta.get("tokenizer") == "char":
-        return CharTokenizer(meta["vocab"])
-    raise UserError(f"unknown tokenizer {meta.get('tokenizer')!r} in meta.json; prepare the data again")
 
 
 # --- Reading prepared data -------------------------------------------------------
@@ -99,27 +78,119 @@ def open_split(data_dir, split, meta):
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-# --- Writing -----------------------------------------------------------------------
+# --- Reading text ------------------------------------------------------------------
 
 
-def read_text(path):
-    """The text of a UTF-8 file, or a UserError saying what is wrong with it."""
+def read_chunks(path, hasher=None, bar=None):
+    """Yields the text of a UTF-8 file piece by piece, checking it on the way: the
+    UserError for a NUL byte or invalid UTF-8 gives its offset in the file, also when
+    a character's bytes are split between two reads."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"input file {path} not found")
-    if path.is_dir():
-        raise UserError(f"input {path} is a directory; pass a text file")
-    data = path.read_bytes()
-    if not data:
+    if path.stat().st_size == 0:
         raise UserError(f"input file {path} is empty; pass a file with some text in it")
-    if b"\x00" in data:
-        raise UserError(f"input file {path} looks binary (NUL byte at offset {data.index(0)}); pass a text file")
     try:
-        return data.decode("utf-8"), hashlib.sha256(data).hexdigest()
+        f = open(path, "rb")
+    except OSError as e:  # a directory, say, or no permission
+        raise UserError(f"cannot read input file {path} ({e.strerror}); pass a readable text file") from None
+    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+    with f:
+        while data := f.read(CHUNK_BYTES):
+            if b"\x00" in data:
+                raise UserError(f"input file {path} looks binary (NUL byte at offset {offset + data.index(0)}); "
+                                "pass a text file")
+            text = decode(decoder, data, offset, path)
+            offset += len(data)
+            if hasher:
+                hasher.update(data)
+            if bar:
+                bar.update(len(data))
+            if text:  # empty when the read ended inside a character's bytes
+                yield text
+        decode(decoder, b"", offset, path, final=True)  # a character cut off by the end of the file
+
+
+def decode(decoder, data, offset, path, final=False):
+    try:
+        return decoder.decode(data, final=final)
     except UnicodeDecodeError as e:
+        # e.start counts from the bytes the decoder held back from the last read.
+        at = offset - len(decoder.getstate()[0]) + e.start
+        raise UserError(f"input file {path} is not valid UTF-8 (byte {e.object[e.start]:#04x} at offset {at}); "
+                        "convert it, e.g. iconv -f latin1 -t utf-8") from None
+
+
+def read_text(path):
+    """The text of a UTF-8 file and its sha256, or a UserError saying what is wrong with it."""
+    hasher = hashlib.sha256()
+    return "".join(read_chunks(path, hasher)), hasher.hexdigest()
+
+
+def input_files(inputs):
+    """The files to read, in order; a directory stands for its *.txt files, sorted."""
+    files = []
+    for name in map(Path, inputs):
+        if name.is_dir():
+            found = sorted(p for p in name.glob("*.txt") if p.is_file())
+            if not found:
+                raise UserError(f"input directory {name} has no .txt files; pass text files or a directory of them")
+            files += found
+        elif not name.exists():
+            raise UserError(f"input file {name} not found")
+        else:
+            files.append(name)
+    return files
+
+
+def progress(total, desc):
+    # No bar for what takes under a second (delay), nor when stderr is not a terminal (disable=None).
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, delay=1, disable=None)
+
+
+# --- Writing -----------------------------------------------------------------------
+
+
+def separator(tokenizer, previous):
+    """What goes between two documents: the end-of-text token, else a blank line."""
+    if getattr(tokenizer, "eot_token", None) is not None:
+        return np.array([tokenizer.eot_token], dtype=np.uint32)
+    return tokenizer.encode_array("\n" if previous.endswith("\n") else "\n\n")
+
+
+def encode_files(files, tokenizer, dtype, out, bar=None):
+    """Writes the ids of the files, one document after another, to the open file out,
+    a chunk at a time. Returns (tokens, characters, sha256 of all the input bytes)."""
+    hasher, threads, n_tokens, n_chars, last = hashlib.sha256(), cpu_count(), 0, 0, ""
+
+    def write(ids):
+        nonlocal n_tokens
+        out.write(ids.astype(dtype, copy=False))
+        n_tokens += len(ids)
+
+    for i, path in enumerate(files):
+        if i:
+            write(separator(tokenizer, last))
+        carry = ""
+        for text in read_chunks(path, hasher, bar):
+            text = carry + text
+            # Cut at a word boundary, so that no BPE piece straddles two chunks.
+            cut = cut_point(text, len(text))
+            write(tokenizer.encode_array(text[:cut], threads))
+            n_chars, last, carry = n_chars + cut, text[-1], text[cut:]
+        write(tokenizer.encode_array(carry, threads))
+        n_chars += len(carry)
+    return n_tokens, n_chars, hasher.hexdigest()
+
+
+def split_point(n_tokens, val_fraction, source):
+    """How many tokens are for training: all but the last val_fraction of them."""
+    n_train = int(n_tokens * (1 - val_fraction))
+    if n_train < 2 or n_tokens - n_train < 2:
         raise UserError(
-            f"input file {path} is not valid UTF-8 (byte {data[e.start]:#04x} at offset {e.start}); "
-            "convert it, e.g. iconv -f latin1 -t utf-8") from None
+            f"{source} gives {n_tokens} tokens, too few to split into train and val at val_fraction "
+            f"{val_fraction}; use a longer text")
+    return n_train
 
 
 def write_atomic(path, data):
@@ -130,6 +201,22 @@ def write_atomic(path, data):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_dataset(out_dir, tokens, val_tmp, train_bytes, meta):
+    """Splits the file of all tokens into train.bin and val.bin, each replacing the old
+    file whole, then writes meta.json: its presence means the data set is complete."""
+    with open(tokens, "r+b") as src, open(val_tmp, "wb") as dst:
+        src.seek(train_bytes)
+        shutil.copyfileobj(src, dst, CHUNK_BYTES)
+        src.truncate(train_bytes)
+        for f in (src, dst):
+            f.flush()
+            os.fsync(f.fileno())
+    (out_dir / "meta.json").unlink(missing_ok=True)
+    os.replace(tokens, out_dir / "train.bin")
+    os.replace(val_tmp, out_dir / "val.bin")
+    write_atomic(out_dir / "meta.json", (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode())
 
 
 def download_shakespeare(url, dest):
@@ -156,57 +243,48 @@ def download_shakespeare(url, dest):
     return dest
 
 
-def split_tokens(ids, val_fraction, source):
-    n_train = int(len(ids) * (1 - val_fraction))
-    if n_train < 2 or len(ids) - n_train < 2:
-        raise UserError(
-            f"{source} gives {len(ids)} tokens, too few to split into train and val at val_fraction "
-            f"{val_fraction}; use a longer text")
-    return ids[:n_train], ids[n_train:]
-
-
-def write_dataset(out_dir, train_ids, val_ids, meta):
-    """Writes the bins and meta.json; meta.json goes last, so its presence means complete."""
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "meta.json").unlink(missing_ok=True)
-        write_atomic(out_dir / "train.bin", train_ids.tobytes())
-        write_atomic(out_dir / "val.bin", val_ids.tobytes())
-        write_atomic(out_dir / "meta.json", (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode())
-    except OSError as e:
-        raise UserError(f"cannot write to {out_dir} ({e.strerror}); pick another --out_dir") from None
-
-
 @cli
 def main(argv):
     cfg = load_config(PrepareConfig, argv, "prepare.py", __doc__.strip().splitlines()[0])
     if not 0 < cfg.val_fraction < 1:
         raise UserError(f"val_fraction must be between 0 and 1 (exclusive), got {cfg.val_fraction}")
+    # A named BPE encoding may need a download: find out before any other work.
+    tokenizer = None if cfg.tokenizer == "char" else TiktokenTokenizer(cfg.tokenizer)
     if cfg.input:
-        input_path, out_dir = Path(cfg.input), cfg.out_dir or f"data/{Path(cfg.input).stem}_char"
+        files = input_files(cfg.input)
+        out_dir = Path(cfg.out_dir or f"data/{Path(os.path.abspath(cfg.input[0])).stem}_{cfg.tokenizer}")
     else:
-        out_dir = cfg.out_dir or "data/shakespeare_char"
-        input_path = download_shakespeare(cfg.url, Path(out_dir) / "input.txt")
-    text, sha256 = read_text(input_path)
+        out_dir = Path(cfg.out_dir or f"data/shakespeare_{cfg.tokenizer}")
+        files = [download_shakespeare(cfg.url, out_dir / "input.txt")]
+    source = ", ".join(Path(name).name for name in cfg.input) or files[0].name
+    stats = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    total = sum(size for size, _ in stats)
+    if tokenizer is None:
+        with progress(total, "finding characters") as bar:  # a first pass, which also checks the files
+            texts = (text for path in files for text in read_chunks(path, bar=bar))
+            separators = ["\n"] if len(files) > 1 else []
+            tokenizer = CharTokenizer.from_texts(itertools.chain(texts, separators))
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
 
-    tokenizer = CharTokenizer(sorted(set(text)))
-    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    ids = np.array(tokenizer.encode(text), dtype=dtype)
-    train_ids, val_ids = split_tokens(ids, cfg.val_fraction, input_path)
-    meta = {
-        "format": META_FORMAT,
-        **tokenizer.meta(),
-        "vocab_size": tokenizer.vocab_size,
-        "dtype": np.dtype(dtype).name,
-        "train_tokens": len(train_ids),
-        "val_tokens": len(val_ids),
-        "source": input_path.name,
-        "sha256": sha256,
-    }
-    write_dataset(out_dir, train_ids, val_ids, meta)
-    print(f"{len(text):,} characters, vocabulary of {tokenizer.vocab_size}, "
-          f"{len(train_ids):,} train and {len(val_ids):,} val tokens -> {out_dir}")
+    tokens, val_tmp = out_dir / "tokens.bin.tmp", out_dir / "val.bin.tmp"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(tokens, "wb") as out, progress(total, "encoding") as bar:
+            n_tokens, n_chars, sha256 = encode_files(files, tokenizer, dtype, out, bar)
+        if [(p.stat().st_size, p.stat().st_mtime_ns) for p in files] != stats:
+            raise UserError("an input file changed while it was being read; run prepare.py again")
+        n_train = split_point(n_tokens, cfg.val_fraction, source)
+        meta = {"format": META_FORMAT, **tokenizer.meta(), "vocab_size": tokenizer.vocab_size, "dtype": dtype.name,
+                "train_tokens": n_train, "val_tokens": n_tokens - n_train, "source": source,
+                "documents": len(files), "sha256": sha256}
+        write_dataset(out_dir, tokens, val_tmp, n_train * dtype.itemsize, meta)
+    except OSError as e:
+        raise UserError(f"cannot write to {out_dir} ({e.strerror}); pick another --out_dir") from None
+    finally:  # after a failure: the old data set stays as it was, and no temporary files
+        tokens.unlink(missing_ok=True)
+        val_tmp.unlink(missing_ok=True)
+    print(f"{n_chars:,} characters in {len(files)} file(s), {cfg.tokenizer} vocabulary of {tokenizer.vocab_size:,}, "
+          f"{n_train:,} train and {n_tokens - n_train:,} val tokens -> {out_dir}")
     return 0
 
 

@@ -1,0 +1,158 @@
+"""The tokenizers prepare.py can write data with, and how to rebuild one from meta.json.
+
+    char      one token per character of the text; the default
+    tiktoken  byte-level BPE: gpt2, r50k_base, cl100k_base, o200k_base, or any
+              encoding a tiktoken plugin package registers
+
+Both turn text into ids (`encode`, `encode_array` for long texts) and back
+(`decode`), and say which characters they cannot encode (`unknown`).
+"""
+
+import difflib
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import tiktoken
+
+from config import UserError
+
+END_OF_TEXT = "<|endoftext|>"
+# Where to cut a long text: just before a space, or just after a newline, between two
+# non-space characters. The split patterns of tiktoken's own encodings (gpt2 to o200k)
+# never match across such a point, so the pieces encode to the ids of the whole text.
+# (With another encoding only the ids at a cut may differ; decoding is unaffected.)
+_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
+
+
+def cut_point(text, end, window=1 << 13):
+    """The last cut point at or before `end` (searching back up to `window`), else end."""
+    starts = [m.start() for m in _CUT.finditer(text, max(0, end - window), end)]
+    return starts[-1] if starts and starts[-1] > 0 else end
+
+
+class CharTokenizer:
+    """One token per character; the vocabulary is the text's sorted characters."""
+
+    kind = "char"
+
+    def __init__(self, chars):
+        self.chars = list(chars)
+        self.vocab_size = len(self.chars)
+        self.stoi = {ch: i for i, ch in enumerate(self.chars)}
+        self._table = None
+
+    @classmethod
+    def from_texts(cls, texts):
+        """The tokenizer for all the characters in texts, an iterable of strings, in one pass."""
+        seen, known = np.zeros(0x110000, dtype=bool), b""  # a flag per code point; the ASCII ones seen
+        for text in texts:
+            if text.isascii():  # the fast path: delete the known characters, which usually leaves none
+                seen[np.frombuffer(text.encode("ascii").translate(None, known), dtype=np.uint8)] = True
+            else:
+                seen[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)] = True
+            known = np.flatnonzero(seen[:128]).astype(np.uint8).tobytes()
+        return cls(chr(c) for c in np.flatnonzero(seen))
+
+    def encode(self, text):
+        return [self.stoi[ch] for ch in text]
+
+    def encode_array(self, text, threads=1):
+        """encode() as an array, at C speed: a table lookup per character. A character
+        outside the vocabulary gets a wrong id, so check unknown() first."""
+        if self._table is None:
+            self._table = np.full(0x110000, self.vocab_size, dtype=np.uint32)  # every code point
+            self._table[[ord(ch) for ch in self.chars]] = np.arange(self.vocab_size)
+            # ASCII characters sort first, so their ids fit in a byte: bytes.translate can map them.
+            self._ascii = self._table[:256].clip(max=255).astype(np.uint8).tobytes()
+        if text.isascii():  # a constant-time check in CPython
+            return np.frombuffer(text.encode("ascii").translate(self._ascii), dtype=np.uint8)
+        return np.take(self._table, np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32))
+
+    def decode(self, ids):
+        return "".join(self.chars[i] for i in ids)
+
+    def unknown(self, text):
+        """The characters of text this tokenizer has no token for, in order of first use."""
+        return list(dict.fromkeys(ch for ch in text if ch not in self.stoi))
+
+    def meta(self):
+        return {"tokenizer": self.kind, "vocab": self.chars}
+
+
+def load_encoding(name):
+    """tiktoken's encoding `name`. The named ones download their files on first use and
+    keep them in a cache; that download is the one thing that can fail here."""
+    known = tiktoken.list_encoding_names()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UserError(f"unknown tokenizer {name!r}{hint}; use char or a tiktoken encoding: {', '.join(known)}")
+    try:
+        return tiktoken.get_encoding(name)
+    except (OSError, ValueError) as e:  # requests' errors are OSErrors; a bad download's hash a ValueError
+        raise UserError(
+            f"tiktoken encoding {name!r} needs a download of its files on first use, and it failed "
+            f"({type(e).__name__}); connect once, or pre-seed the cache: on a machine that is online run "
+            f"TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; tiktoken.get_encoding('{name}')\", "
+            "copy DIR here and set TIKTOKEN_CACHE_DIR=DIR") from None
+
+
+class TiktokenTokenizer:
+    """Byte-level BPE from tiktoken. Every text has tokens, so nothing is unknown."""
+
+    kind = "tiktoken"
+
+    def __init__(self, name):
+        self.name = name
+        self.encoding = load_encoding(name)
+        self.vocab_size = self.encoding.n_vocab
+        special = self.encoding.special_tokens_set
+        self.eot_token = self.encoding.encode_single_token(END_OF_TEXT) if END_OF_TEXT in special else None
+
+    def encode(self, text):
+        # Text that looks like a special token stays text: data cannot forge an end-of-text.
+        return self.encoding.encode_ordinary(text)
+
+    def _encode_piece(self, text):
+        if hasattr(self.encoding, "encode_to_numpy"):  # tiktoken >= 0.8: no Python list in between
+            return self.encoding.encode_to_numpy(text, disallowed_special=())
+        return np.array(self.encoding.encode_ordinary(text), dtype=np.uint32)
+
+    def encode_array(self, text, threads=1):
+        """encode() as a uint32 array; `threads` pieces, cut where the ids do not change,
+        are encoded at once (tiktoken releases the GIL)."""
+        bounds = [0] + [cut_point(text, len(text) * k // threads) for k in range(1, threads)] + [len(text)]
+        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+        if len(pieces) < 2:
+            return self._encode_piece(text)
+        with ThreadPoolExecutor(len(pieces)) as pool:
+            return np.concatenate(list(pool.map(self._encode_piece, pieces)))
+
+    def decode(self, ids):
+        return self.encoding.decode([int(i) for i in ids])
+
+    def unknown(self, text):
+        return []
+
+    def meta(self):
+        return {"tokenizer": self.kind, "encoding": self.name}
+
+
+def tokenizer_from_meta(meta):
+    """Rebuilds the tokenizer that wrote a data set, from its meta.json contents."""
+    if meta.get("tokenizer") == "char":
+        return CharTokenizer(meta["vocab"])
+    if meta.get("tokenizer") == "tiktoken":
+        tokenizer = TiktokenTokenizer(meta["encoding"])
+        if tokenizer.vocab_size != meta["vocab_size"]:
+            raise UserError(f"tiktoken encoding {meta['encoding']!r} now has {tokenizer.vocab_size} tokens, but the "
+                            f"data was prepared with {meta['vocab_size']}; prepare the data again")
+        return tokenizer
+    raise UserError(f"unknown tokenizer {meta.get('tokenizer')!r} in meta.json; prepare the data again")
+
+
+def cpu_count():
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
