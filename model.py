@@ -113,7 +113,7 @@ class CausalAverage(nn.Module):
         S = v.size(2)
         if mask is None:
             mask = causal_mask(T, S, x.device)
-        scores = torch.zeros(T, S, device=x.device).masked_fill(~mask, float("-inf"))  # (B?, 1?, T, S)
+        scores = torch.zeros(T, S, device=x.device, dtype=x.dtype).masked_fill(~mask, float("-inf"))  # (B?, 1?, T, S)
         weights = F.softmax(scores, dim=-1)  # each row: 1/(number visible) where visible
         return (weights @ v).reshape(B, T, C)  # (B, T, C)
 
@@ -215,9 +215,10 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.extend(k, v)  # (B, H, S, hs)
         if self.fused and not self.keep_weights:
             p = self.attn_dropout.p if self.training else 0.0
-            # is_causal only describes the square case; otherwise the mask says it all.
+            # is_causal only describes the square case; otherwise the mask says it all,
+            # and one query (the newest position) may see every key: no mask needed.
             square = mask is None and k.size(2) == T
-            if mask is None and not square:
+            if mask is None and not square and T > 1:
                 mask = causal_mask(T, k.size(2), x.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=square)
         else:
@@ -287,33 +288,46 @@ class KVCache:
     """Keys and values of every layer for the positions already seen.
 
     During generation each new token then costs one position of work, not the
-    whole context. `valid` (B, S) marks which cached positions are real tokens
-    and which are left-padding of a shorter prompt in the batch.
+    whole context. Buffers are max_len long and filled in place (torch.cat would
+    copy the whole cache every token). `valid` (B, S) marks real tokens and the
+    left-padding of shorter prompts in the batch; it stays None while none is.
     """
 
-    def __init__(self, n_layer):
-        self.k = [None] * n_layer
+    def __init__(self, n_layer, max_len):
+        self.max_len = max_len
+        self.k = [None] * n_layer  # each (B, H, max_len, hs) once used
         self.v = [None] * n_layer
-        self.valid = None  # (B, S) bool
+        self.valid = None  # (B, max_len) bool, or None: no padding anywhere
+        self.length = 0  # positions filled, the new ones included
         self.layer = 0  # which layer's extend() comes next
 
     def __len__(self):
-        return 0 if self.valid is None else self.valid.size(1)
+        return self.length
 
-    def append_valid(self, valid):
-        """Records the new positions' validity; returns it for all S positions."""
-        self.valid = valid if self.valid is None else torch.cat([self.valid, valid], dim=1)
+    def advance(self, valid, T):
+        """Makes room for T new positions, valid (B, T) or None for all real.
+        Returns the validity of all S positions, or None when none is padding."""
+        if valid is not None and self.valid is None:
+            self.valid = torch.ones(valid.size(0), self.max_len, dtype=torch.bool, device=valid.device)
+        if self.valid is not None:
+            self.valid[:, self.length : self.length + T] = True if valid is None else valid
+        self.length += T
         self.layer = 0
-        return self.valid
+        return None if self.valid is None else self.valid[:, : self.length]
 
     def extend(self, k, v):
         """Adds this layer's new keys and values; returns them for all S positions."""
         i, self.layer = self.layer, self.layer + 1
-        if self.v[i] is not None:
-            k = None if k is None else torch.cat([self.k[i], k], dim=2)
-            v = torch.cat([self.v[i], v], dim=2)
-        self.k[i], self.v[i] = k, v
-        return k, v
+        start = self.length - v.size(2)
+        if self.v[i] is None:
+            B, H, _, hs = v.shape
+            self.v[i] = v.new_empty(B, H, self.max_len, hs)
+            self.k[i] = None if k is None else k.new_empty(B, H, self.max_len, hs)
+        self.v[i][:, :, start : self.length] = v
+        if k is not None:
+            self.k[i][:, :, start : self.length] = k
+        k = None if k is None else self.k[i][:, :, : self.length]
+        return k, self.v[i][:, :, : self.length]  # (B, H, S, hs) views of the buffers
 
 
 # --- The whole model ----------------------------------------------------------------
@@ -368,24 +382,24 @@ class GPT(nn.Module):
         """Parameters counted once each (the tied head shares the embedding's)."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, valid=None, cache=None):
+    def forward(self, idx, targets=None, valid=None, cache=None, last_only=False):
         """idx (B, T) token ids -> logits (B, T, V), and the mean loss if targets.
 
         valid (B, T) bool marks real tokens when prompts are left-padded; their
         positions then count from each row's first real token. With a cache,
         idx holds only the new positions and the cache supplies the rest.
+        last_only computes the logits (B, 1, V) of the last position alone, all
+        that generation needs: the head is the largest matmul for a big vocabulary.
         """
         B, T = idx.shape
         past = 0 if cache is None else len(cache)
         if past + T > self.config.block_size:
             raise ValueError(f"sequence of {past + T} tokens is longer than block_size {self.config.block_size}")
-        mask = None  # None means plainly causal: the fast path for training
-        if valid is None and cache is None:
-            pos = torch.arange(T, device=idx.device)  # (T,)
+        all_valid = valid if cache is None else cache.advance(valid, T)  # (B, S) or None: no padding
+        if all_valid is None:
+            pos = torch.arange(past, past + T, device=idx.device)  # (T,)
+            mask = None  # plainly causal: the fast path
         else:
-            if valid is None:
-                valid = torch.ones(B, T, dtype=torch.bool, device=idx.device)
-            all_valid = valid if cache is None else cache.append_valid(valid)  # (B, S)
             pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, past:]  # (B, T)
             mask = attention_mask(all_valid, T)  # (B, 1, T, S)
         x = self.wte(idx)  # (B, T, C)
@@ -399,6 +413,8 @@ class GPT(nn.Module):
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, mask, cache, rope)  # (B, T, C)
+        if last_only:
+            x = x[:, -1:, :]  # (B, 1, C)
         # Padding logits are cut off here, so they are never sampled and never in the loss.
         logits = self.lm_head(self.ln_f(x))[..., : self.config.real_vocab_size]  # (B, T, V)
         loss = None
@@ -411,21 +427,29 @@ class GPT(nn.Module):
                valid=None, use_cache=True, generator=None):
         """Yields the next token (B, 1) of every row, one step at a time.
 
-        Call model.eval() first. Beyond block_size the context window slides to
-        the last block_size tokens. With learned or sinusoidal positions every
-        token's position then changes, and so does every cached key and value
-        above the first layer, so the cache is rebuilt from the window: correct,
-        and no faster than no cache once past block_size.
+        Call model.eval() first. Past block_size the context window moves on
+        and the cache is rebuilt from it: no cached key or value stays right,
+        whatever the position encoding (learned or sinusoidal positions shift;
+        with rope or none, keys above the first layer attended to tokens now gone).
+        Sliding one token at a time would rebuild every token, as slow as no
+        cache, so the window jumps, dropping its oldest quarter: one rebuild per
+        block_size/4 tokens, and always at least 3/4 block_size of context.
+        Without a cache the window jumps the same way: both give the same tokens.
         """
         block = self.config.block_size
+        keep = block - max(1, block // 4)  # tokens left in the window after a jump
+        idx = idx[:, -block:]
+        valid = None if valid is None else valid[:, -block:]
         cache = None
         for _ in range(max_new_tokens):
-            if cache is not None and len(cache) < block:
-                logits, _ = self(idx[:, -1:], cache=cache)  # one new position
+            if idx.size(1) > block:
+                idx, cache = idx[:, -keep:], None
+                valid = None if valid is None else valid[:, -keep:]
+            if cache is not None:
+                logits, _ = self(idx[:, -1:], cache=cache, last_only=True)  # only the newest is not cached
             else:
-                window_valid = None if valid is None else valid[:, -block:]
-                cache = KVCache(self.config.n_layer) if use_cache else None
-                logits, _ = self(idx[:, -block:], valid=window_valid, cache=cache)
+                cache = KVCache(self.config.n_layer, block) if use_cache else None
+                logits, _ = self(idx, valid=valid, cache=cache, last_only=True)
             next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B, 1)
             idx = torch.cat([idx, next_token], dim=1)
             if valid is not None:

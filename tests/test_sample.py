@@ -1,0 +1,293 @@
+"""Generation: the KV cache, padding, the sampling filters, and sample.py's command line."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import prepare
+import sample
+import train
+from model import GPT, GPTConfig, KVCache, sample_next
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "config" / "tiny.toml")
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+BLOCK = 16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy machine lose much to them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_gpt(seed=0, **overrides):
+    """A random tiny model in float64, where cached and uncached sums agree so
+    closely that no argmax can flip between them."""
+    torch.manual_seed(seed)
+    config = GPTConfig(**{"vocab_size": 13, "block_size": BLOCK, "n_layer": 2, "n_head": 2, "n_embd": 16,
+                          "dropout": 0.0, **overrides})
+    return GPT(config).double().eval()
+
+
+# --- The KV cache ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "none"])
+def test_cached_logits_match_a_full_forward_pass_one_position_at_a_time(pos):
+    model = tiny_gpt(pos=pos)
+    idx = torch.randint(13, (2, BLOCK))
+    full, _ = model(idx)
+    cache = KVCache(model.config.n_layer, BLOCK)
+    first, _ = model(idx[:, :5], cache=cache)
+    steps = [model(idx[:, t : t + 1], cache=cache)[0] for t in range(5, BLOCK)]
+    torch.testing.assert_close(torch.cat([first, *steps], dim=1), full)
+
+
+@pytest.mark.parametrize("mixer,pos", [("multihead", "learned"), ("multihead", "sinusoidal"), ("multihead", "none"),
+                                       ("multihead", "rope"), ("head", "learned"), ("head", "rope"),
+                                       ("average", "learned")])
+def test_greedy_tokens_are_identical_with_and_without_the_cache_within_and_beyond_block_size(mixer, pos):
+    model = tiny_gpt(mixer=mixer, pos=pos)
+    idx = torch.randint(13, (2, 5))
+    cached = model.generate(idx, 4 * BLOCK, temperature=0.0, use_cache=True)
+    recomputed = model.generate(idx, 4 * BLOCK, temperature=0.0, use_cache=False)
+    assert cached.shape == (2, 5 + 4 * BLOCK)
+    assert torch.equal(cached, recomputed)
+
+
+def test_sampled_tokens_are_identical_with_and_without_the_cache_for_a_fixed_seed():
+    model = tiny_gpt()
+    idx = torch.randint(13, (3, 4))
+    runs = [model.generate(idx, 3 * BLOCK, temperature=1.0, top_k=8, top_p=0.9, use_cache=use_cache,
+                           generator=torch.Generator().manual_seed(7)) for use_cache in (True, False)]
+    assert torch.equal(runs[0], runs[1])
+    other_seed = model.generate(idx, 3 * BLOCK, temperature=1.0, generator=torch.Generator().manual_seed(8))
+    assert not torch.equal(runs[0], other_seed)  # the seed matters, so the equality above means something
+
+
+def test_a_prompt_longer_than_block_size_is_cut_to_its_last_block_size_tokens():
+    model = tiny_gpt()
+    idx = torch.randint(13, (1, 3 * BLOCK))
+    out = model.generate(idx, 5, temperature=0.0)
+    assert torch.equal(out[:, -5:], model.generate(idx[:, -BLOCK:], 5, temperature=0.0)[:, -5:])
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_batched_greedy_output_equals_each_prompt_generated_alone(use_cache):
+    model = tiny_gpt()
+    prompts = [[1, 2, 3, 4, 5, 6], [7], [8, 9, 10]]
+    idx, valid = sample.left_pad(prompts, "cpu")
+    assert valid is not None and valid.sum(dim=1).tolist() == [6, 1, 3]
+    new = BLOCK - idx.size(1)  # within the window: padding then fills no place a lone prompt would use
+    batched = model.generate(idx, new, temperature=0.0, valid=valid, use_cache=use_cache)[:, idx.size(1):]
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(torch.tensor([prompt]), new, temperature=0.0, use_cache=use_cache)[:, len(prompt):]
+        assert torch.equal(batched[row], alone[0]), f"prompt {row}"
+
+
+def test_prompts_of_equal_length_need_no_padding_mask():
+    idx, valid = sample.left_pad([[1, 2], [3, 4]], "cpu")
+    assert valid is None and idx.tolist() == [[1, 2], [3, 4]]
+
+
+# --- Temperature, top-k, top-p -----------------------------------------------------------------
+
+
+def draws(logits, n=4000, seed=0, **kwargs):
+    """n samples of one distribution, as a set of the tokens drawn and their counts."""
+    batch = logits.expand(n, -1)
+    tokens = sample_next(batch, generator=torch.Generator().manual_seed(seed), **kwargs)[:, 0]
+    return torch.bincount(tokens, minlength=logits.size(-1))
+
+
+LOGITS = torch.tensor([[0.5, 3.0, 1.0, 2.5, -1.0, 0.0]])  # token 1 likeliest, then 3, 2, 0, 5, 4
+
+
+def test_temperature_zero_top_k_one_and_a_tiny_top_p_are_all_greedy():
+    model = tiny_gpt()
+    idx = torch.randint(13, (2, 3))
+    greedy = model.generate(idx, 2 * BLOCK, temperature=0.0)
+    for filters in ({"top_k": 1}, {"top_p": 1e-6}):
+        g = torch.Generator().manual_seed(0)
+        assert torch.equal(model.generate(idx, 2 * BLOCK, temperature=1.0, generator=g, **filters), greedy)
+
+
+def test_top_k_never_samples_outside_the_k_likeliest_tokens():
+    counts = draws(LOGITS, temperature=1.0, top_k=3)
+    assert set(counts.nonzero().flatten().tolist()) == {1, 3, 2}
+
+
+def test_top_p_keeps_the_smallest_set_whose_probabilities_reach_p():
+    probs = torch.softmax(LOGITS, dim=-1)[0]  # about .46 .28 .10 .06 ...
+    p = (probs[1] + probs[3]).item()  # tokens 1 and 3 reach p exactly: the third is not needed
+    assert set(draws(LOGITS, temperature=1.0, top_p=p).nonzero().flatten().tolist()) == {1, 3}
+    assert set(draws(LOGITS, temperature=1.0, top_p=p + 0.01).nonzero().flatten().tolist()) == {1, 3, 2}
+
+
+def test_top_k_larger_than_the_vocabulary_keeps_every_token():
+    assert (draws(LOGITS, n=20000, temperature=3.0, top_k=1000) > 0).all()
+
+
+def test_lower_temperature_makes_the_likeliest_token_likelier():
+    share = [draws(LOGITS, temperature=t)[1].item() for t in (0.3, 1.0, 3.0)]
+    assert share[0] > share[1] > share[2]
+    assert share[1] / 4000 == pytest.approx(torch.softmax(LOGITS, -1)[0, 1].item(), abs=0.03)
+
+
+# --- Decoding a stream of tokens -------------------------------------------------------------------
+
+
+class ByteTokenizer:
+    """One token per byte, as a byte-level BPE can split a character."""
+
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_text_stream_holds_a_token_that_ends_inside_a_character_until_it_is_complete():
+    stream = sample.TextStream(ByteTokenizer())
+    pieces = [stream.push([b]) for b in "né!".encode()]
+    assert pieces == ["n", "", "é", "!"]
+    assert stream.flush() == ""
+
+
+def test_an_empty_prompt_starts_from_a_newline_or_else_token_zero():
+    with_newline = prepare.tokenizer_from_meta({"tokenizer": "char", "vocab": ["\n", "a", "b"]})
+    without = prepare.tokenizer_from_meta({"tokenizer": "char", "vocab": ["a", "b"]})
+    assert sample.encode_prompts([("", "--start", 1)], with_newline, "error") == [[0]]
+    assert sample.encode_prompts([("", "--start", 1), ("ba", "--start", 1)], without, "error") == [[0], [1, 0]]
+
+
+# --- sample.py end to end ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory):
+    """A checkpoint of config/tiny.toml, trained briefly on some Shakespeare."""
+    root = tmp_path_factory.mktemp("sample")
+    if SHAKESPEARE.is_file():
+        text = SHAKESPEARE.read_text(encoding="utf-8")[:20000]
+    else:
+        lines = ["ROMEO: What light through yonder window breaks?", "First Citizen: To be, or not to be!",
+                 "JULIET: O Romeo, Romeo!"]
+        text = "\n".join(lines[i % 3] for i in range(400))
+    (root / "input.txt").write_text(text, encoding="utf-8")
+    assert prepare.main(["--input", str(root / "input.txt"), "--out_dir", str(root / "data")]) == 0
+    assert train.main([TINY, f"--data_dir={root / 'data'}", f"--out_dir={root / 'out'}", "--max_iters=30",
+                       "--eval_interval=30"]) == 0
+    return root / "out"
+
+
+def run_sample(capsys, out_dir, *args):
+    capsys.readouterr()
+    code = sample.main([f"--out_dir={out_dir}", "--max_new_tokens=24", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def samples(out):
+    """The samples in sample.py's output, each without the newline added before a separator."""
+    chunks = out.split(sample.SEPARATOR + "\n")
+    assert chunks[-1] == ""
+    return chunks[:-1]
+
+
+def test_sample_prints_each_sample_as_the_prompt_and_max_new_tokens_characters(capsys, out_dir):
+    code, out, err = run_sample(capsys, out_dir, "--start=ROMEO:", "--num_samples=3", "--seed=1")
+    assert code == 0 and err == ""
+    texts = samples(out)
+    assert len(texts) == 3
+    for text in texts:
+        assert text.startswith("ROMEO:")
+        assert len(text) - len("ROMEO:") in (24, 25)  # one character a token, maybe a newline added
+    assert len(set(texts)) > 1  # samples follow one another, not one seed each
+
+
+def test_sample_streams_the_text_one_token_at_a_time(capsys, out_dir, monkeypatch):
+    pieces = []
+    monkeypatch.setattr(sample, "write", pieces.append)
+    assert sample.main([f"--out_dir={out_dir}", "--start=To be", "--max_new_tokens=10"]) == 0
+    assert pieces[0] == "To be" and len(pieces) == 1 + 10 + 1  # prompt, each token, separator
+    assert all(len(p) == 1 for p in pieces[1:-1])
+
+
+def test_sample_output_is_the_same_with_and_without_the_cache(capsys, out_dir):
+    args = ["--start=ROMEO:", "--max_new_tokens=40", "--temperature=1.0", "--seed=5"]  # past block_size 16
+    runs = [run_sample(capsys, out_dir, *args, f"--kv_cache={c}")[1] for c in ("true", "false")]
+    assert runs[0] == runs[1]
+    assert run_sample(capsys, out_dir, *args[:-1], "--seed=6")[1] != runs[0]
+
+
+def test_sample_batches_prompts_and_each_greedy_output_equals_the_prompt_alone(capsys, out_dir, tmp_path):
+    (tmp_path / "prompts.txt").write_text("ROMEO:\n   \nTo be, or\n")
+    greedy = ["--temperature=0", "--max_new_tokens=6"]  # the longer prompt stays within block_size 16
+    code, out, err = run_sample(capsys, out_dir, f"--prompts={tmp_path / 'prompts.txt'}", *greedy)
+    assert code == 0
+    batched = samples(out)
+    assert len(batched) == 2  # the blank line is skipped
+    for prompt, text in zip(["ROMEO:", "To be, or"], batched):
+        assert text.startswith(prompt)
+        assert samples(run_sample(capsys, out_dir, f"--start={prompt}", *greedy)[1]) == [text]
+
+
+def test_an_empty_prompt_starts_from_a_newline(capsys, out_dir):
+    code, out, _ = run_sample(capsys, out_dir, "--start=", "--max_new_tokens=5")
+    assert code == 0 and out.startswith("\n")
+
+
+def test_start_can_read_the_prompt_from_a_file(capsys, out_dir, tmp_path):
+    (tmp_path / "prompt.txt").write_text("ROMEO:\nWhat")
+    code, out, _ = run_sample(capsys, out_dir, f"--start=FILE:{tmp_path / 'prompt.txt'}", "--max_new_tokens=3")
+    assert code == 0 and out.startswith("ROMEO:\nWhat")
+
+
+def test_unknown_characters_are_all_named_with_where_they_are(capsys, out_dir, tmp_path):
+    (tmp_path / "p.txt").write_text("ROMEO\nsay ÿ and ☃\n")
+    code, out, err = run_sample(capsys, out_dir, f"--prompts={tmp_path / 'p.txt'}")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert f"'ÿ' ({tmp_path / 'p.txt'} line 2 column 5)" in err and "'☃'" in err and "--unknown=skip" in err
+
+
+def test_unknown_skip_drops_the_characters_with_a_warning(capsys, out_dir):
+    code, out, err = run_sample(capsys, out_dir, "--start=RO☃MEO", "--unknown=skip", "--max_new_tokens=3")
+    assert code == 0 and out.startswith("ROMEO")
+    assert err.startswith("warning: ") and "'☃' (--start column 3)" in err
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--num_samples=0"], "num_samples"),
+    (["--max_new_tokens=-1"], "max_new_tokens"),
+    (["--top_k=0"], "top_k"),
+    (["--top_p=0"], "top_p"),
+    (["--top_p=1.5"], "top_p"),
+    (["--temperature=-0.5"], "temperature"),
+    (["--checkpoint=missing.pt"], "missing.pt"),
+    (["--checkpoint=corrupt.pt"], "corrupt.pt"),
+    (["--start=FILE:no/such/file.txt"], "not found"),
+    (["--start=héllo"], "never saw"),
+    (["--unknown=ignore"], "unknown"),
+])
+def test_bad_input_is_one_error_line_and_exit_code_2(capsys, out_dir, args, says):
+    (out_dir / "corrupt.pt").write_bytes(b"not a checkpoint at all")
+    code, out, err = run_sample(capsys, out_dir, *args)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and says in err
+
+
+def test_top_k_above_the_vocabulary_is_clamped(capsys, out_dir):
+    code, out, _ = run_sample(capsys, out_dir, "--top_k=100000", "--max_new_tokens=4")
+    assert code == 0 and len(samples(out)) == 1
+
+
+def test_help_lists_every_option(capsys):
+    with pytest.raises(SystemExit):
+        sample.main(["--help"])
+    out = capsys.readouterr().out
+    for name in sample.SampleConfig.__dataclass_fields__:
+        assert f"--{name}=" in out
