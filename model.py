@@ -367,13 +367,18 @@ class GPT(nn.Module):
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
+            if name.endswith("c_proj.weight") and config.residual:
                 # Each block adds its output to the residual stream twice; scaling
                 # keeps the stream's variance from growing with depth (GPT-2).
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * max(config.n_layer, 1)))
 
     def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if isinstance(module, nn.Linear) and not self.config.residual:
+            # Without residual connections each layer's output is the next one's only
+            # input: std 0.02 shrinks it ~10^4x per block, to denormal floats (slow
+            # on CPUs) and a loss stuck at ln(V). 1/sqrt(fan_in) keeps its scale.
+            nn.init.normal_(module.weight, mean=0.0, std=1 / math.sqrt(module.in_features))
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
@@ -419,7 +424,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))[..., : self.config.real_vocab_size]  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     @torch.no_grad()
