@@ -1,0 +1,148 @@
+"""config: presets over defaults, then the command line; every mistake named."""
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import train
+from config import UserError, cli, load_config, option
+
+
+@dataclass
+class Settings:
+    layers: int = option(1, "how many")
+    rate: float = option(2.0, "how fast")
+    name: str = option("x", "what to call it")
+    flag: bool = option(False, "whether to")
+    limit: int | None = option(None, "at most this many, or none")
+    inputs: list[str] = option(["default.txt"], "files")
+
+
+def toml(path, text):
+    Path(path).write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_defaults_when_nothing_is_given():
+    assert load_config(Settings, []) == Settings()
+
+
+def test_presets_overlay_the_defaults_in_order_then_the_command_line(tmp_path):
+    first = toml(tmp_path / "first.toml", 'layers = 10\nrate = 3.5\ninputs = ["a.txt"]\n')
+    second = toml(tmp_path / "second.toml", 'layers = 20\nname = "y"\n')
+    cfg = load_config(Settings, [first, second, "--layers=30"])
+    assert (cfg.layers, cfg.rate, cfg.name, cfg.flag, cfg.inputs) == (30, 3.5, "y", False, ["a.txt"])
+    assert load_config(Settings, [second, first]).layers == 10  # the later preset wins
+    assert load_config(Settings, [first, "--rate=1e-3"]).rate == pytest.approx(1e-3)
+
+
+def test_key_space_value_works_like_key_equals_value():
+    cfg = load_config(Settings, ["--layers", "5", "--name", "hello world", "--rate", "-1.5"])
+    assert (cfg.layers, cfg.name, cfg.rate) == (5, "hello world", -1.5)
+    assert load_config(Settings, ["--limit", "none"]).limit is None
+    assert load_config(Settings, ["--limit=1_000"]).limit == 1000
+
+
+def test_bare_flag_switches_a_bool_on():
+    assert load_config(Settings, ["--flag"]).flag is True
+    assert load_config(Settings, ["--flag", "--layers=2"]).flag is True
+    assert load_config(Settings, ["--flag=false"]).flag is False
+    assert load_config(Settings, ["--flag=no"]).flag is False
+
+
+def test_dashes_in_a_key_read_as_underscores():
+    assert load_config(train.TrainConfig, ["--learning-rate=0.5"]).learning_rate == 0.5
+
+
+def test_repeated_list_option_appends_and_replaces_the_presets_list(tmp_path):
+    preset = toml(tmp_path / "p.toml", 'inputs = ["from_preset.txt"]\n')
+    assert load_config(Settings, [preset, "--inputs=a.txt", "--inputs", "b.txt"]).inputs == ["a.txt", "b.txt"]
+    assert load_config(Settings, [preset]).inputs == ["from_preset.txt"]
+
+
+@pytest.mark.parametrize("where", ["command line", "preset"])
+def test_unknown_key_suggests_the_closest(tmp_path, where):
+    args = ["--lerning_rate=0.1"] if where == "command line" else [toml(tmp_path / "typo.toml", "lerning_rate = 0.1\n")]
+    with pytest.raises(UserError, match="did you mean learning_rate") as e:
+        load_config(train.TrainConfig, args)
+    assert "lerning_rate" in str(e.value)
+    if where == "preset":
+        assert "typo.toml" in str(e.value)
+
+
+def test_unknown_key_with_nothing_close_points_to_help():
+    with pytest.raises(UserError, match="--help"):
+        load_config(Settings, ["--zzzzzz=1"])
+
+
+@pytest.mark.parametrize("args, key, type_name", [
+    (["--layers=abc"], "layers", "int"),
+    (["--layers=2.5"], "layers", "int"),
+    (["--rate=fast"], "rate", "float"),
+    (["--flag=maybe"], "flag", "bool"),
+    (["--limit=lots"], "limit", "int or none"),
+])
+def test_wrong_type_on_the_command_line_names_the_key_and_type(args, key, type_name):
+    with pytest.raises(UserError, match=f"{key} must be {type_name}"):
+        load_config(Settings, args)
+
+
+@pytest.mark.parametrize("line, key, type_name", [
+    ('layers = "four"', "layers", "int"),
+    ("layers = 4.0", "layers", "int"),
+    ("layers = true", "layers", "int"),
+    ('flag = "maybe"', "flag", "bool"),
+    ("name = 3", "name", "str"),
+    ("inputs = [1, 2]", "inputs", "list of str"),
+])
+def test_wrong_type_in_a_preset_names_the_file_key_and_type(tmp_path, line, key, type_name):
+    preset = toml(tmp_path / "wrong.toml", line + "\n")
+    with pytest.raises(UserError, match=f"{key} must be {type_name}") as e:
+        load_config(Settings, [preset])
+    assert "wrong.toml" in str(e.value)
+
+
+def test_int_in_a_preset_is_a_fine_float(tmp_path):
+    assert load_config(Settings, [toml(tmp_path / "p.toml", "rate = 3\n")]).rate == 3.0
+
+
+def test_toml_syntax_error_names_the_file_and_line(tmp_path):
+    preset = toml(tmp_path / "broken.toml", "layers = 2\nrate = = 4\n")
+    with pytest.raises(UserError, match="line 2") as e:
+        load_config(Settings, [preset])
+    assert "broken.toml" in str(e.value)
+
+
+def test_missing_preset_and_missing_value_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_config(Settings, [str(tmp_path / "nope.toml")])
+    with pytest.raises(UserError, match="needs a value"):
+        load_config(Settings, ["--layers"])
+
+
+def test_a_user_error_in_main_is_one_line_and_exit_2(capsys):
+    @cli
+    def main(argv):
+        load_config(Settings, argv)
+        return 0
+
+    assert main(["--layers=2"]) == 0
+    assert main(["--layres=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "did you mean layers" in err
+
+
+def test_help_lists_every_training_key_with_its_type_and_default(capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    hints = typing.get_type_hints(train.TrainConfig)
+    names = {int: "int", float: "float", str: "str", bool: "bool"}
+    for f in dataclasses.fields(train.TrainConfig):
+        assert f"--{f.name}={f.default!r}  ({names[hints[f.name]]})" in out
+        assert f.metadata["help"] in out
+    assert len(dataclasses.fields(train.TrainConfig)) > 30  # the whole dataclass, not a few keys
