@@ -1,0 +1,87 @@
+"""config/ladder/: one preset per rung, each adding one idea on the same budget,
+and each one trains."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+import prepare
+import train
+from checkpoint import load_checkpoint
+from config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted((ROOT / "config" / "ladder").glob("*.toml"))
+SWITCHES = ("n_layer", "mixer", "feedforward", "residual", "layernorm", "pos", "tie_weights", "dropout")
+
+# What each rung switches on, in the order of model.py and the README.
+LADDER = {
+    "01_bigram": (0, "none", False, False, False, "none", False, 0.0),
+    "02_average": (1, "average", False, False, False, "learned", False, 0.0),
+    "03_head": (1, "head", False, False, False, "learned", False, 0.0),
+    "04_multihead": (1, "multihead", False, False, False, "learned", False, 0.0),
+    "05_feedforward": (1, "multihead", True, False, False, "learned", False, 0.0),
+    "06_residual": (4, "multihead", True, True, False, "learned", False, 0.0),
+    "07_layernorm": (4, "multihead", True, True, True, "learned", False, 0.0),
+    "08_full": (4, "multihead", True, True, True, "learned", True, 0.2),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy machine lose much to them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_there_is_one_preset_per_rung():
+    assert [p.stem for p in PRESETS] == list(LADDER)
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_preset_sets_its_rungs_switches(preset):
+    cfg = load_config(train.TrainConfig, [str(preset)])
+    assert tuple(getattr(cfg, name) for name in SWITCHES) == LADDER[preset.stem]
+    assert cfg.out_dir == f"out/ladder/{preset.stem}"
+
+
+def test_every_rung_has_the_same_budget():
+    def budget(preset):
+        cfg = dataclasses.asdict(load_config(train.TrainConfig, [str(preset)]))
+        return {k: v for k, v in cfg.items() if k not in SWITCHES + ("out_dir",)}
+
+    first = budget(PRESETS[0])
+    assert all(budget(p) == first for p in PRESETS[1:])
+    assert (first["n_embd"], first["n_head"], first["block_size"], first["batch_size"]) == (128, 4, 64, 12)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ladder_data")
+    (root / "input.txt").write_text("".join(f"line {i}: to be or not to be.\n" for i in range(300)))
+    assert prepare.main(["--input", str(root / "input.txt"), "--out_dir", str(root / "chars")]) == 0
+    return root / "chars"
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_preset_trains_a_few_steps(preset, data_dir, tmp_path):
+    out = tmp_path / "out"
+    tiny = ["--max_iters=3", "--n_embd=16", "--block_size=8", "--batch_size=2", "--eval_interval=3",
+            "--eval_iters=2", "--log_interval=1", "--warmup_iters=1"]
+    assert train.main([str(preset), f"--data_dir={data_dir}", f"--out_dir={out}", *tiny]) == 0
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["iter"] == 3
+    model_config = ckpt["model_config"]
+    assert tuple(model_config[name] for name in SWITCHES) == LADDER[preset.stem]
+
+
+def test_readme_points_at_every_rung():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for preset in PRESETS:
+        assert f"config/ladder/{preset.name}" in readme
+    for name in ("CausalAverage", "Head", "MultiHeadAttention", "FeedForward", "Block", "GPT"):
+        assert f"`{name}`" in readme
