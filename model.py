@@ -375,7 +375,7 @@ class GPT(nn.Module):
     def _init_weights(self, module):
         if isinstance(module, nn.Linear) and not self.config.residual:
             # Without residual connections each layer's output is the next one's only
-            # input: std 0.02 shrinks it ~10^4x per block, to denormal floats (slow
+            # input: std 0.02 shrinks it 1000x or more per block, to denormal floats (slow
             # on CPUs) and a loss stuck at ln(V). 1/sqrt(fan_in) keeps its scale.
             nn.init.normal_(module.weight, mean=0.0, std=1 / math.sqrt(module.in_features))
         elif isinstance(module, (nn.Linear, nn.Embedding)):
