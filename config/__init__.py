@@ -34,6 +34,8 @@ def cli(main):
     def wrapper(argv=None):
         try:
             return main(sys.argv[1:] if argv is None else list(argv)) or 0
+        except SystemExit as e:  # --help: printed, and done
+            return e.code or 0
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -55,12 +57,13 @@ def _type_name(tp):
     return name + (" or none" if optional else "")
 
 
-def _convert(name, tp, value, source):
-    """Checks (TOML) or parses (command-line string) one value for field `name`."""
+def _convert(name, tp, value, source, from_text=False):
+    """Checks one value for field `name`: a typed TOML value as it is, or a
+    command-line string (from_text) parsed to the field's type."""
     base, optional = _base_type(tp)
-    from_text = isinstance(value, str) and base is not str
+    from_text = from_text and isinstance(value, str) and base is not str
     bad = UserError(f"{source}: {name} must be {_type_name(tp)}, got {value!r}")
-    if optional and (value is None or (from_text and value.lower() in ("none", "null", ""))):
+    if optional and isinstance(value, str) and value.lower() in ("none", "null", ""):  # TOML has no null
         return None
     if typing.get_origin(base) is list:
         items = value if isinstance(value, list) else [value]
@@ -157,7 +160,7 @@ def load_config(cls, argv, prog="", description=""):
                 value = args.pop(0)
             else:
                 raise UserError(f"command line: --{name} needs a value, e.g. --{name}=VALUE")
-        value = _convert(name, hints[name], value, "command line")
+        value = _convert(name, hints[name], value, "command line", from_text=True)
         if typing.get_origin(base) is list:
             # Repeating a list option appends; the first one replaces any preset's list.
             values[name] = (values[name] if name in lists_from_cli else []) + value
