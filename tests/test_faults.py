@@ -41,13 +41,6 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    (root / "input.txt").write_text("".join(f"line {i}: the quick brown fox jumps.\n" for i in range(800)))
-    assert prepare.main(["--input", str(root / "input.txt"), "--out_dir", str(root / "chars")]) == 0
-    return str(root / "chars")
-
 
 @pytest.fixture(scope="module")
 def uninterrupted(data_dir, tmp_path_factory):
@@ -63,9 +56,11 @@ def losses(out_dir):
 
 
 def start(data_dir, out_dir, *extra, script=None, env=None):
+    """train.py in a subprocess, on one thread like the in-process runs (conftest.py):
+    a different thread count sums floats in another order, and losses would differ."""
     cmd = [sys.executable, "-c", script, TINY] if script else [sys.executable, str(ROOT / "train.py"), TINY]
     return subprocess.Popen(cmd + [f"--data_dir={data_dir}", f"--out_dir={out_dir}", *RUN, *extra], cwd=ROOT,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
 

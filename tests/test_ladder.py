@@ -5,9 +5,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import torch
 
-import prepare
 import train
 from checkpoint import load_checkpoint
 from config import load_config
@@ -28,14 +26,6 @@ LADDER = {
     "08_full": (4, "multihead", True, True, True, "learned", True, 0.2),
 }
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy machine lose much to them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_there_is_one_preset_per_rung():
@@ -58,13 +48,6 @@ def test_every_rung_has_the_same_budget():
     assert all(budget(p) == first for p in PRESETS[1:])
     assert (first["n_embd"], first["n_head"], first["block_size"], first["batch_size"]) == (128, 4, 64, 12)
 
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ladder_data")
-    (root / "input.txt").write_text("".join(f"line {i}: to be or not to be.\n" for i in range(300)))
-    assert prepare.main(["--input", str(root / "input.txt"), "--out_dir", str(root / "chars")]) == 0
-    return root / "chars"
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])

@@ -49,14 +49,6 @@ VARIANTS += [(rung, dict(pos=pos, fused_attention=False)) for rung in ATTENTION_
 VARIANT_IDS = [f"{rung}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for rung, o in VARIANTS]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy machine lose much to them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def tokens(*shape, seed=1):
     return torch.randint(0, TINY["vocab_size"], shape, generator=torch.Generator().manual_seed(seed))

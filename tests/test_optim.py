@@ -6,20 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import prepare
 import train
 from optim import Float32Muon, Optimizers, orthogonalize
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
 
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    (root / "input.txt").write_text("\n".join(f"line {i}: to be or not to be." for i in range(400)))
-    assert prepare.main(["--input", str(root / "input.txt"), "--out_dir", str(root / "chars")]) == 0
-    return str(root / "chars")
 
 
 def run_train(data_dir, out_dir, *overrides):
@@ -117,3 +109,14 @@ def test_unknown_optimizer_is_one_error_line(data_dir, tmp_path, capsys):
     assert run_train(data_dir, tmp_path, "--optimizer=sgd") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "adamw or muon" in err[0]
+
+
+@pytest.mark.parametrize("classic,fast", [("shakespeare_char_cpu", "shakespeare_char_cpu_fast"),
+                                          ("shakespeare_char", "shakespeare_char_fast")])
+def test_fast_presets_train_the_classic_model_with_muon_and_rope(classic, fast):
+    load = lambda name: train.load_config(train.TrainConfig, [str(ROOT / "config" / f"{name}.toml")])  # noqa: E731
+    a, b = load(classic), load(fast)
+    shape = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "data_dir", "device")
+    assert [getattr(a, k) for k in shape] == [getattr(b, k) for k in shape]
+    assert (a.optimizer, a.pos, b.optimizer, b.pos) == ("adamw", "learned", "muon", "rope")
+    assert a.batch_size * a.max_iters == b.batch_size * b.max_iters  # the same tokens

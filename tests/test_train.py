@@ -10,22 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import prepare
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
 
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """A small character data set: a repetitive text a tiny model learns fast."""
-    root = tmp_path_factory.mktemp("data")
-    words = ["the cat sat on the mat.", "a dog ran in the fog!", "to be or not to be?"]
-    text = "\n".join(words[i % 3] + " " + words[(i * 7) % 3] for i in range(600))
-    (root / "input.txt").write_text(text)
-    assert prepare.main(["--input", str(root / "input.txt"), "--out_dir", str(root / "chars")]) == 0
-    return str(root / "chars")
 
 
 def run_train(data_dir, out_dir, *overrides):
