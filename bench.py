@@ -20,6 +20,7 @@ import torch
 
 import train
 from config import UserError, cli
+from device import pick_device
 from model import GPT
 from prepare import read_meta
 
@@ -76,7 +77,7 @@ def main(argv):
     ms = sorted(r["ms_per_iter"] for r in steps)[len(steps) // 2]
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
     tok_s = tokens_per_iter / (ms / 1000)
-    device = train.pick_device(cfg.device)
+    device = pick_device(cfg.device)
     print(f"preset: {' '.join(rest) or '(defaults)'}")
     print(f"device: {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"median {ms:.1f} ms/iter over {len(steps)} iterations, {tok_s:,.0f} tokens/s")

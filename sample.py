@@ -19,9 +19,9 @@ import torch
 
 from checkpoint import load_checkpoint
 from config import UserError, cli, load_config, option
+from device import pick_device, pick_dtype
 from model import GPT, GPTConfig
 from prepare import tokenizer_from_meta
-from train import pick_device, pick_dtype
 
 SEPARATOR = "-" * 40
 

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import sys
 import time
@@ -29,12 +28,10 @@ from tqdm import tqdm
 
 from checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from config import UserError, cli, load_config, option
+from device import maybe_compile, peak_flops, pick_device, pick_dtype
 from model import GPT, GPTConfig, padded_vocab_size
 from optim import Float32Muon, Optimizers, adamw_groups, split_for_muon
 from prepare import open_split, read_meta
-
-# Dense bf16 tensor-core peaks, for MFU. A device not listed gets no MFU figure.
-PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
 
 
 @dataclass
@@ -89,27 +86,6 @@ class TrainConfig:
 # --- Setup -----------------------------------------------------------------------------
 
 
-def pick_device(name):
-    if name != "auto":
-        return name
-    if torch.cuda.is_available():
-        return "cuda"
-    if torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
-def pick_dtype(name, device_type):
-    if name == "auto":
-        if device_type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32  # bf16 and fp16 matmuls on CPUs are mostly far slower than fp32
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in dtypes:
-        raise UserError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
-    return dtypes[name]
-
-
 def model_config(cfg, vocab_size):
     """The model for cfg; its embedding is padded past the tokenizer's vocab_size for speed."""
     names = {f.name for f in dataclasses.fields(GPTConfig)} - {"vocab_size", "real_vocab_size"}
@@ -156,23 +132,6 @@ def get_lr(it, cfg):
 def flops_per_token(model, cfg):
     """Training FLOPs per token: 6 per parameter (forward and backward) plus attention's."""
     return 6 * model.num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-
-
-def maybe_compile(model, device_type):
-    """torch.compile where a compiler toolchain exists for the device, else eager."""
-    if device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
-        print("warning: --compile needs a C++ compiler on CPU and none was found; running uncompiled")
-        return model
-    if device_type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            print("warning: --compile needs triton on CUDA and it is not installed; running uncompiled")
-            return model
-    if device_type == "mps":
-        print("warning: --compile is not supported on mps here; running uncompiled")
-        return model
-    return torch.compile(model)
 
 
 # --- Data ---------------------------------------------------------------------------------
@@ -365,7 +324,7 @@ def run(cfg, device, rank, world):
                 else contextlib.nullcontext())
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
     flops = flops_per_token(raw_model, cfg)
-    peak = next((v for k, v in PEAK_FLOPS.items() if device_type == "cuda" and k in torch.cuda.get_device_name()), None)
+    peak = peak_flops(device_type)
     if master:
         print(f"{raw_model.num_params():,} parameters, {tokens_per_iter:,} tokens per step, "
               f"{world} process(es) on {device}, {str(dtype).removeprefix('torch.')}")

@@ -60,8 +60,8 @@ def start(data_dir, out_dir, *extra, script=None, env=None):
     a different thread count sums floats in another order, and losses would differ."""
     cmd = [sys.executable, "-c", script, TINY] if script else [sys.executable, str(ROOT / "train.py"), TINY]
     return subprocess.Popen(cmd + [f"--data_dir={data_dir}", f"--out_dir={out_dir}", *RUN, *extra], cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_iter(out_dir, it, proc, timeout=120):

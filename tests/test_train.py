@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import device
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,9 +84,9 @@ def test_weight_decay_applies_to_matrices_only():
 
 
 def test_compile_without_a_compiler_warns_and_runs_uncompiled(monkeypatch, capsys):
-    monkeypatch.setattr(train.shutil, "which", lambda name: None)
+    monkeypatch.setattr(device.shutil, "which", lambda name: None)
     model = torch.nn.Linear(2, 2)
-    assert train.maybe_compile(model, "cpu") is model
+    assert device.maybe_compile(model, "cpu") is model
     assert "running uncompiled" in capsys.readouterr().out
 
 
