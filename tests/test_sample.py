@@ -8,7 +8,8 @@ import torch
 import prepare
 import sample
 import train
-from model import GPT, GPTConfig, KVCache, sample_next
+from generate import KVCache, sample_next
+from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
