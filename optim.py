@@ -83,7 +83,9 @@ class Float32Muon(torch.optim.Muon):
             for (A, B), params in by_shape.items():
                 updates = []
                 for p in params:
-                    buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                    if "momentum_buffer" not in self.state[p]:
+                        self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                    buf = self.state[p]["momentum_buffer"]
                     buf.lerp_(p.grad, 1 - momentum)
                     updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
                 ortho = orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"])
