@@ -16,6 +16,9 @@ class KVCache:
     whole context. Buffers are max_len long and filled in place (torch.cat would
     copy the whole cache every token). `valid` (B, S) marks real tokens and the
     left-padding of shorter prompts in the batch; it stays None while none is.
+    Once full, the cache slides: the oldest positions make room for the new
+    (the model allows that only with rope, whose keys do not depend on where
+    the window starts).
     """
 
     def __init__(self, n_layer, max_len):
@@ -23,7 +26,8 @@ class KVCache:
         self.k = [None] * n_layer  # each (B, H, max_len, hs) once used
         self.v = [None] * n_layer
         self.valid = None  # (B, max_len) bool, or None: no padding anywhere
-        self.length = 0  # positions filled, the new ones included
+        self.length = 0  # positions held, the new ones included
+        self.seen = 0  # positions ever added: the next one's position
         self.layer = 0  # which layer's extend() comes next
 
     def __len__(self):
@@ -32,11 +36,21 @@ class KVCache:
     def advance(self, valid, T):
         """Makes room for T new positions, valid (B, T) or None for all real.
         Returns the validity of all S positions, or None when none is padding."""
+        drop = self.length + T - self.max_len
+        if drop > 0:  # full: slide the window, dropping the oldest positions
+            keep = self.length - drop
+            for buf in (*self.k, *self.v):
+                if buf is not None:
+                    buf[:, :, :keep] = buf[:, :, drop : self.length].clone()
+            if self.valid is not None:
+                self.valid[:, :keep] = self.valid[:, drop : self.length].clone()
+            self.length = keep
         if valid is not None and self.valid is None:
             self.valid = torch.ones(valid.size(0), self.max_len, dtype=torch.bool, device=valid.device)
         if self.valid is not None:
             self.valid[:, self.length : self.length + T] = True if valid is None else valid
         self.length += T
+        self.seen += T
         self.layer = 0
         return None if self.valid is None else self.valid[:, : self.length]
 
@@ -60,24 +74,29 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
            valid=None, use_cache=True, generator=None):
     """Yields the next token (B, 1) of every row, one step at a time.
 
-    Call model.eval() first. Past block_size the context window moves on
-    and the cache is rebuilt from it: no cached key or value stays right,
-    whatever the position encoding (learned or sinusoidal positions shift;
-    with rope or none, keys above the first layer attended to tokens now gone).
-    Sliding one token at a time would rebuild every token, as slow as no
-    cache, so the window jumps, dropping its oldest quarter: one rebuild per
-    block_size/4 tokens, and always at least 3/4 block_size of context.
-    Without a cache the window jumps the same way: both give the same tokens.
+    Call model.eval() first. Past block_size the context window moves on.
+    With rope, attention reads only offsets between positions, so the cache
+    slides a token at a time and is never rebuilt; without a cache the model
+    reads the last n_layer * (block_size - 1) + 1 tokens, all that the newest
+    one depends on when each query sees block_size keys: both give the same
+    tokens. With learned or sinusoidal positions every cached key is wrong
+    once the window moves (positions shift), and sliding would mean a rebuild
+    every token, as slow as no cache. So the window jumps, dropping its oldest
+    quarter: one rebuild per block_size/4 tokens, always at least 3/4 of a
+    block of context. Without a cache the window jumps the same way.
     """
     block = model.config.block_size
-    keep = block - max(1, block // 4)  # tokens left in the window after a jump
+    slides = model.config.pos == "rope"
+    reach = model.config.n_layer * (block - 1) + 1 if slides else block  # the context the newest token reads
+    keep = reach if slides else block - max(1, block // 4)  # tokens left in the window after it moves
     idx = idx[:, -block:]
     valid = None if valid is None else valid[:, -block:]
     cache = None
     for _ in range(max_new_tokens):
-        if idx.size(1) > block:
-            idx, cache = idx[:, -keep:], None
+        if idx.size(1) > reach:
+            idx = idx[:, -keep:]
             valid = None if valid is None else valid[:, -keep:]
+            cache = cache if slides else None
         if cache is not None:
             logits, _ = model(idx[:, -1:], cache=cache, last_only=True)  # only the newest is not cached
         else:

@@ -77,10 +77,12 @@ def padded_vocab_size(n, multiple=64):
 # --- Masks --------------------------------------------------------------------
 
 
-def causal_mask(T, S, device=None):
-    """(T, S) bool: query t (the last T of S positions) may see keys up to itself."""
+def causal_mask(T, S, device=None, window=None):
+    """(T, S) bool: query t (the last T of S positions) may see keys up to itself,
+    and with a window only the `window` newest of those."""
     # With S > T the queries are the newest positions, after S - T cached ones.
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+    mask = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+    return mask if window is None else mask.triu(diagonal=S - T - window + 1)
 
 
 def attention_mask(valid, T):
@@ -140,21 +142,19 @@ def explicit_attention(q, k, v, mask=None, dropout=None):
     return weights @ v, weights  # (..., T, hs), (..., T, S)
 
 
-def rope_tables(block_size, head_size, base=10000.0):
-    """(cos, sin), each (block_size, hs/2): rotary position embedding (RoPE) angles.
+def rope_frequencies(head_size, base=10000.0):
+    """(hs/2,): the turning rates of rotary position embedding (RoPE).
 
     RoPE turns each pair of query and key channels by an angle that grows with
     the position, pair i at its own rate base^(-2i/hs). A query at t and a key
     at s then score by their offset t - s alone: positions become relative.
     """
-    freq = base ** (-torch.arange(0, head_size, 2).float() / head_size)  # (hs/2,)
-    angles = torch.arange(block_size).float()[:, None] * freq  # (T, hs/2)
-    return angles.cos(), angles.sin()
+    return base ** (-torch.arange(0, head_size, 2).float() / head_size)
 
 
 def rotate(x, rope):
     """x (B, H, T, hs) with channels i and i + hs/2 turned by their angles in rope."""
-    cos, sin = rope  # each (B or 1, 1, T, hs/2)
+    cos, sin = rope  # each (T, hs/2)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, H, T, hs)
 
@@ -307,9 +307,7 @@ class GPT(nn.Module):
         elif config.pos == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_positions(config.block_size, C), persistent=False)
         elif config.pos == "rope":
-            cos, sin = rope_tables(config.block_size, config.head_size)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            self.register_buffer("rope_freq", rope_frequencies(config.head_size), persistent=False)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(C, bias=config.bias) if config.layernorm else nn.Identity()
@@ -350,24 +348,28 @@ class GPT(nn.Module):
         that generation needs: the head is the largest matmul for a big vocabulary.
         """
         B, T = idx.shape
-        past = 0 if cache is None else len(cache)
-        if past + T > self.config.block_size:
-            raise ValueError(f"sequence of {past + T} tokens is longer than block_size {self.config.block_size}")
+        block, relative = self.config.block_size, self.config.pos == "rope"
+        past = 0 if cache is None else cache.seen
+        if (past + T > block and not relative) or (cache is not None and T > block):
+            raise ValueError(f"sequence of {past + T} tokens is longer than block_size {block}")
         all_valid = valid if cache is None else cache.advance(valid, T)  # (B, S) or None: no padding
-        if all_valid is None:
+        if all_valid is None or relative:  # rope reads offsets only, and left-padding keeps those
             pos = torch.arange(past, past + T, device=idx.device)  # (T,)
-            mask = None  # plainly causal: the fast path
         else:
-            pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, past:]  # (B, T)
-            mask = attention_mask(all_valid, T)  # (B, 1, T, S)
+            pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, -T:]  # (B, T)
+        mask = None if all_valid is None else attention_mask(all_valid, T)  # (B, 1, T, S); None: plainly causal
+        if T > block:  # rope past block_size, no cache: each query sees the block_size newest keys
+            band = causal_mask(T, T, idx.device, window=block)  # (T, T)
+            mask = band if mask is None else mask & band
         x = self.wte(idx)  # (B, T, C)
         if self.config.pos == "learned":
             x = x + self.wpe(pos)
         elif self.config.pos == "sinusoidal":
             x = x + self.pos_table[pos]
         rope = None
-        if self.config.pos == "rope":  # the same angles for every head: (B or 1, 1, T, hs/2)
-            rope = self.rope_cos[pos].unsqueeze(-3), self.rope_sin[pos].unsqueeze(-3)
+        if relative:  # the same angles for every head, at any position
+            angles = pos[:, None] * self.rope_freq  # (T, hs/2)
+            rope = angles.cos(), angles.sin()
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, mask, cache, rope)  # (B, T, C)

@@ -3,11 +3,18 @@
 import pytest
 import torch
 
-from model import GPT, GPTConfig, rope_tables, rotate
+from generate import KVCache
+from model import GPT, GPTConfig, rope_frequencies, rotate
+
+
+def tables(n, head_size):
+    """(cos, sin), each (n, hs/2): the angles of positions 0 to n - 1."""
+    angles = torch.arange(n).float()[:, None] * rope_frequencies(head_size)
+    return angles.cos(), angles.sin()
 
 
 def test_attention_scores_depend_only_on_the_offset_between_query_and_key():
-    cos, sin = rope_tables(block_size=64, head_size=8)
+    cos, sin = tables(64, head_size=8)
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
 
     def score(t, s):
@@ -20,7 +27,7 @@ def test_attention_scores_depend_only_on_the_offset_between_query_and_key():
 
 
 def test_rotation_keeps_the_length_of_every_query_and_key():
-    cos, sin = rope_tables(block_size=16, head_size=8)
+    cos, sin = tables(16, head_size=8)
     x = torch.randn(2, 3, 16, 8)
     torch.testing.assert_close(rotate(x, (cos, sin)).norm(dim=-1), x.norm(dim=-1))
 
@@ -32,7 +39,7 @@ def test_left_padding_gives_each_row_the_logits_of_its_prompt_alone(mixer):
     model = model.double().eval()
     short, long = torch.randint(13, (1, 5)), torch.randint(13, (1, 8))
     batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], dim=1), long])  # (2, 8)
-    valid = torch.tensor([[False] * 3 + [True] * 5, [True] * 8])  # per-row positions: (B, 1, T, hs/2) angles
+    valid = torch.tensor([[False] * 3 + [True] * 5, [True] * 8])  # rope reads offsets, which padding keeps
     logits, _ = model(batch, valid=valid)
     torch.testing.assert_close(logits[:1, 3:], model(short)[0])
     torch.testing.assert_close(logits[1:], model(long)[0])
@@ -42,3 +49,40 @@ def test_left_padding_gives_each_row_the_logits_of_its_prompt_alone(mixer):
 def test_rope_needs_attention_with_an_even_head_size(overrides):
     with pytest.raises(ValueError, match="rope"):
         GPTConfig(pos="rope", **{"n_embd": 16, "n_head": 2, **overrides})
+
+
+def rope_gpt(n_layer=2):
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=13, block_size=16, n_layer=n_layer, n_head=2, n_embd=16, pos="rope")
+    return GPT(config).double().eval()
+
+
+def test_past_block_size_the_cache_slides_and_matches_a_banded_full_forward():
+    model = rope_gpt()
+    idx = torch.randint(13, (2, 48))  # three blocks
+    full, _ = model(idx)  # without a cache: each query sees the 16 newest keys up to itself
+    cache = KVCache(model.config.n_layer, 16)
+    first, _ = model(idx[:, :16], cache=cache)
+    steps = [model(idx[:, t : t + 1], cache=cache)[0] for t in range(16, 48)]
+    assert len(cache) == 16 and cache.seen == 48  # it holds one block, having seen three
+    torch.testing.assert_close(torch.cat([first, *steps], dim=1), full)
+
+
+def test_past_block_size_each_query_sees_only_the_block_size_newest_keys():
+    model = rope_gpt(n_layer=1)
+    idx = torch.randint(13, (1, 40))
+    changed = idx.clone()
+    changed[0, 10] = (idx[0, 10] + 1) % 13
+    a, b = model(idx)[0], model(changed)[0]
+    assert torch.equal(a[0, 26:], b[0, 26:])  # position 10 is 16 or more back: out of the window
+    assert not torch.allclose(a[0, 10:26], b[0, 10:26])
+
+
+@pytest.mark.parametrize("pos, prompt_forwards", [("rope", 1), ("learned", 9)])
+def test_generation_past_block_size_rebuilds_the_cache_only_without_rope(pos, prompt_forwards):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16, pos=pos)).eval()
+    lengths = []
+    model.register_forward_pre_hook(lambda m, args: lengths.append(args[0].size(1)))
+    model.generate(torch.randint(13, (1, 5)), 48, temperature=0)
+    assert len(lengths) == 48 and sum(n > 1 for n in lengths) == prompt_forwards  # the rest: one token each
