@@ -1,0 +1,266 @@
+"""Draws training runs: loss curves, and attention weights.
+
+    python plot.py losses out/ladder/06_residual out/ladder/07_layernorm --out=losses.png
+    python plot.py attention --out_dir=out/shakespeare_char_cpu --prompt="ROMEO: But soft" --out=attention.png
+    python plot.py losses --help
+
+losses     train and val loss against the step, from each run's OUT_DIR/log.jsonl
+attention  for a prompt, the attention weights of every layer (rows) and head
+           (columns) of a checkpoint: queries down, keys across, so the causal
+           triangle shows, and what each head looks at
+
+Needs matplotlib (pip install matplotlib); it writes files and never opens a window.
+"""
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from config import UserError, cli, help_text, load_config, option
+from model import CausalAverage, MultiHeadAttention, causal_mask
+from sample import load_model
+
+SHORT = 48  # prompts up to this many tokens get their characters as tick labels
+SHOWN = {"\n": "↵", " ": "␣", "\t": "⇥"}  # characters that would be invisible as labels
+
+
+@dataclass
+class LossesConfig:
+    runs: list[str] = option([], "run directories holding log.jsonl (or the logs); also given without --runs=")
+    out: str = option("losses.png", "the image to write (.png, .svg or .pdf)")
+    splits: list[str] = option(["train", "val"], "which losses to draw: train, val, or both (comma-separated)")
+    ymax: float | None = option(None, "top of the loss axis, to zoom past the first steps (none: fit all)")
+    title: str = option("", "a title above the plot")
+
+
+@dataclass
+class AttentionConfig:
+    out_dir: str = option("out", "the run directory holding the checkpoint; also given without --out_dir=")
+    checkpoint: str = option("ckpt.pt", "which checkpoint in out_dir: ckpt.pt (the latest) or best.pt")
+    prompt: str = option("", "the text whose attention to draw, at most block_size tokens")
+    out: str = option("attention.png", "the image to write (.png, .svg or .pdf)")
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, or a UserError saying how to install it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("plot.py draws with matplotlib, which is not installed: pip install matplotlib") from None
+    matplotlib.use("Agg")  # files only: no display needed, none opened
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def image_kind(path):
+    kind = Path(path).suffix.lstrip(".").lower()
+    if kind not in ("png", "svg", "pdf"):
+        raise UserError(f"--out {path}: the name must end in .png, .svg or .pdf")
+    return kind
+
+
+def save(fig, path):
+    """Writes fig to path whole or not at all: an existing image is replaced only by a finished one."""
+    path, kind = Path(path), image_kind(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, format=kind)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(f"cannot write {path} ({e.strerror}); pick another --out") from None
+    print(f"wrote {path}")
+
+
+# --- Loss curves ---------------------------------------------------------------------
+
+
+def read_evals(run):
+    """The eval records (iter, train_loss, val_loss) in a run's log.jsonl, in order."""
+    path = Path(run) / "log.jsonl" if not run.endswith(".jsonl") else Path(run)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path} not found; name a directory train.py wrote to (its --out_dir)") from None
+    except (IsADirectoryError, UnicodeDecodeError):
+        raise UserError(f"{path} is not a log written by train.py") from None
+    records = []
+    for n, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            raise UserError(f"{path} line {n} is not JSON; is it a log written by train.py?") from None
+    evals = [r for r in records if isinstance(r, dict) and "val_loss" in r and "iter" in r]
+    if not evals:
+        raise UserError(f"{path} has no evaluations yet; train.py writes one every eval_interval steps")
+    return evals
+
+
+def run_labels(runs):
+    """Each run's directory name, or its whole path where two names would be the same."""
+    names = [Path(r).parent.name if r.endswith(".jsonl") else Path(r).name for r in runs]
+    return [n if names.count(n) == 1 else r for n, r in zip(names, runs)]
+
+
+def draw_losses(plt, logs, splits, ymax=None, title=""):
+    """A figure: per run one color; val solid, train dashed, against the step."""
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100, layout="constrained")
+    styles = {"val": "-", "train": "--"}
+    for i, (label, evals) in enumerate(logs.items()):
+        steps = [r["iter"] for r in evals]
+        for split in splits:
+            ax.plot(steps, [r[f"{split}_loss"] for r in evals], styles[split], color=f"C{i % 10}",
+                    marker="o" if len(steps) < 30 else None, markersize=3)
+        ax.plot([], [], "-", color=f"C{i % 10}", label=label)  # the legend: one entry per run...
+    for split in splits:
+        ax.plot([], [], styles[split], color="gray", label=f"{split} loss")  # ...and one per line style
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    if ymax is not None:
+        ax.set_ylim(top=ymax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+def plot_losses(cfg):
+    """The loss-curve figure for cfg (LossesConfig)."""
+    if not cfg.runs:
+        raise UserError("name at least one run: python plot.py losses OUT_DIR [OUT_DIR ...]")
+    splits = [s.strip() for item in cfg.splits for s in item.split(",") if s.strip()]
+    if not splits or any(s not in ("train", "val") for s in splits):
+        raise UserError(f"--splits must be train, val or both, got {','.join(cfg.splits)!r}")
+    logs = {label: read_evals(run) for label, run in zip(run_labels(cfg.runs), cfg.runs)}
+    return draw_losses(pyplot(), logs, list(dict.fromkeys(splits)), cfg.ymax, cfg.title)
+
+
+# --- Attention heatmaps --------------------------------------------------------------------
+
+
+@torch.no_grad()
+def attention_weights(model, idx):
+    """(L, H, T, T): each layer's attention weights for idx (1, T); row t is query t's."""
+    mixers = [block.mixer for block in model.blocks]
+    if not mixers or mixers[0] is None:
+        raise UserError(f"this model's positions do not communicate (n_layer {model.config.n_layer}, mixer "
+                        f"{model.config.mixer!r}), so it has no attention to draw")
+    T = idx.size(1)
+    for mixer in mixers:
+        if isinstance(mixer, MultiHeadAttention):
+            mixer.keep_weights = True  # the written-out path, which keeps its weights
+    try:
+        model(idx)
+    finally:
+        for mixer in mixers:
+            if isinstance(mixer, MultiHeadAttention):
+                mixer.keep_weights = False
+    layers = []
+    for mixer in mixers:
+        if isinstance(mixer, CausalAverage):  # fixed weights: 1/(t+1) on each visible key
+            mask = causal_mask(T, T).float()  # (T, T)
+            layers.append((mask / mask.sum(-1, keepdim=True))[None])  # (1, T, T)
+        else:
+            layers.append(mixer.weights[0].float())  # (H, T, T), or (1, T, T) for one Head
+    return torch.stack(layers).cpu()  # (L, H, T, T)
+
+
+def token_labels(tokenizer, ids):
+    return [SHOWN.get(text, text) for text in (tokenizer.decode([i]) for i in ids)]
+
+
+def draw_attention(plt, weights, labels, title=""):
+    """(figure, grid of axes) with one heatmap per layer (row) and head (column)."""
+    from matplotlib.colors import PowerNorm
+
+    L, H, T, _ = weights.shape
+    longest = max(len(label) for label in labels)  # single characters stand upright; longer tokens turn
+    cell = max(2.0, min(3.2, 13 / max(L, H)))  # inches per heatmap
+    fig, grid = plt.subplots(L, H, figsize=(cell * H + 1.2, cell * L + 0.6), dpi=100, squeeze=False,
+                             sharex=True, sharey=True, layout="constrained")
+    # A square-root scale: most weights are small, and a linear one would show only the largest.
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+    for layer in range(L):
+        for head in range(H):
+            ax = grid[layer, head]
+            image = ax.imshow(weights[layer, head].numpy(), cmap="magma", norm=norm, interpolation="nearest")
+            ax.set_title(f"layer {layer + 1}, head {head + 1}" if H > 1 else f"layer {layer + 1}", fontsize=9)
+            if T <= SHORT:
+                ax.set_xticks(range(T), labels, fontsize=7, rotation=90 if longest > 1 else 0)
+                ax.set_yticks(range(T), labels, fontsize=7)
+            ax.tick_params(length=0)
+    fig.supxlabel("key (the position attended to)", fontsize=9)
+    fig.supylabel("query (the position attending)", fontsize=9)
+    fig.colorbar(image, ax=grid, shrink=0.6, label="attention weight")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig, grid
+
+
+def plot_attention(cfg):
+    """The attention-grid figure for cfg (AttentionConfig)."""
+    if not cfg.prompt:
+        raise UserError("--prompt is empty; give the text whose attention to draw, e.g. --prompt='ROMEO: But soft'")
+    model, tokenizer = load_model(Path(cfg.out_dir) / cfg.checkpoint, "cpu")
+    unknown = tokenizer.unknown(cfg.prompt)
+    if unknown:
+        raise UserError(f"--prompt has {len(unknown)} character(s) the model never saw: "
+                        f"{', '.join(repr(ch) for ch in unknown[:10])}; remove them")
+    ids = tokenizer.encode(cfg.prompt)
+    if len(ids) > model.config.block_size:
+        raise UserError(f"--prompt is {len(ids)} tokens, longer than the model's block_size "
+                        f"{model.config.block_size}; shorten it")
+    weights = attention_weights(model, torch.tensor([ids]))  # (L, H, T, T)
+    title = f"attention of {Path(cfg.out_dir) / cfg.checkpoint} on {cfg.prompt[:60]!r}"
+    fig, _ = draw_attention(pyplot(), weights, token_labels(tokenizer, ids), title)
+    return fig
+
+
+# --- The command line ------------------------------------------------------------------------
+
+# what: (its options, its figure, the option a bare word names, its usage)
+COMMANDS = {
+    "losses": (LossesConfig, plot_losses, "runs", "OUT_DIR [OUT_DIR ...] [--key=value ...]"),
+    "attention": (AttentionConfig, plot_attention, "out_dir", "OUT_DIR --prompt=TEXT [--key=value ...]"),
+}
+
+
+def name_positionals(args, field):
+    """args with each bare word that is no option's value turned into --field=word
+    (no option here is a bare flag, so a bare --key is always followed by its value)."""
+    named, expect_value = [], False
+    for arg in args:
+        named.append(f"--{field}={arg}" if not arg.startswith("-") and not expect_value else arg)
+        expect_value = arg.startswith("--") and "=" not in arg
+    return named
+
+
+@cli
+def main(argv):
+    if not argv:
+        raise UserError("name what to draw: python plot.py losses OUT_DIR ..., or python plot.py attention "
+                        "--out_dir=DIR --prompt=TEXT (python plot.py --help)")
+    if argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    what, rest = argv[0], argv[1:]
+    if what not in COMMANDS:
+        raise UserError(f"plot.py draws losses or attention, not {what!r}; e.g. python plot.py losses OUT_DIR")
+    cls, draw, positional, usage = COMMANDS[what]
+    if "-h" in rest or "--help" in rest:
+        print(f"usage: python plot.py {what} {usage}\n\noptions:" + help_text(cls, "", "").split("options:", 1)[1])
+        return 0
+    cfg = load_config(cls, name_positionals(rest, positional))
+    image_kind(cfg.out)  # before any work
+    save(draw(cfg), cfg.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
