@@ -14,6 +14,8 @@ from collections import defaultdict
 
 import torch
 
+from config import UserError
+
 
 def adamw_groups(params, weight_decay):
     """Decay every matrix, embeddings included: with tied weights the token embedding
@@ -23,6 +25,28 @@ def adamw_groups(params, weight_decay):
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+
+
+def configure_optimizer(model, cfg, device_type):
+    """train.py's optimizer for cfg: AdamW for everything, or Muon for the block
+    matrices and AdamW for the rest. A group's lr_scale multiplies the schedule's
+    learning rate, so both warm up and decay together, each from its own peak."""
+    if cfg.optimizer not in ("adamw", "muon"):
+        raise UserError(f"optimizer must be adamw or muon, got {cfg.optimizer!r}")
+    if cfg.optimizer == "adamw":
+        matrices, rest = [], [p for p in model.parameters() if p.requires_grad]
+    else:
+        matrices, rest = split_for_muon(model)
+    adamw = torch.optim.AdamW(adamw_groups(rest, cfg.weight_decay), lr=cfg.learning_rate,
+                              betas=(cfg.beta1, cfg.beta2), fused=device_type == "cuda")
+    if cfg.optimizer == "adamw":
+        return adamw
+    # torch's Muon orthogonalizes in bf16: fast on a GPU, slow on a CPU (see Float32Muon).
+    muon_class = torch.optim.Muon if device_type == "cuda" else Float32Muon
+    muon = muon_class([{"params": matrices, "lr_scale": cfg.muon_lr / cfg.learning_rate}], lr=cfg.muon_lr,
+                      weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, nesterov=True,
+                      ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw")
+    return Optimizers(adamw, muon)
 
 
 def split_for_muon(model):

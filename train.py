@@ -30,7 +30,7 @@ from checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_check
 from config import UserError, cli, load_config, option
 from device import maybe_compile, peak_flops, pick_device, pick_dtype
 from model import GPT, GPTConfig, padded_vocab_size
-from optim import Float32Muon, Optimizers, adamw_groups, split_for_muon
+from optim import configure_optimizer
 from prepare import open_split, read_meta
 
 
@@ -94,28 +94,6 @@ def model_config(cfg, vocab_size):
                          **{n: getattr(cfg, n) for n in names})
     except ValueError as e:
         raise UserError(f"model config: {e}") from None
-
-
-def configure_optimizer(model, cfg, device_type):
-    """AdamW, or Muon for the block matrices and AdamW for the rest (see optim.py).
-    A group's lr_scale multiplies the schedule's learning rate, so both optimizers
-    warm up and decay together, each from its own peak."""
-    fused = device_type == "cuda"
-    if cfg.optimizer == "adamw":
-        params = [p for p in model.parameters() if p.requires_grad]
-        return torch.optim.AdamW(adamw_groups(params, cfg.weight_decay), lr=cfg.learning_rate,
-                                 betas=(cfg.beta1, cfg.beta2), fused=fused)
-    if cfg.optimizer != "muon":
-        raise UserError(f"optimizer must be adamw or muon, got {cfg.optimizer!r}")
-    matrices, rest = split_for_muon(model)
-    adamw = torch.optim.AdamW(adamw_groups(rest, cfg.weight_decay), lr=cfg.learning_rate,
-                              betas=(cfg.beta1, cfg.beta2), fused=fused)
-    # torch's Muon orthogonalizes in bf16: fast on a GPU, slow on a CPU (see optim.py).
-    muon_class = torch.optim.Muon if device_type == "cuda" else Float32Muon
-    muon = muon_class([{"params": matrices, "lr_scale": cfg.muon_lr / cfg.learning_rate}], lr=cfg.muon_lr,
-                      weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, nesterov=True,
-                      ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw")
-    return Optimizers(adamw, muon)
 
 
 def get_lr(it, cfg):
