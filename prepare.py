@@ -4,7 +4,8 @@
     python prepare.py --input notes.txt --tokenizer gpt2   # -> data/notes_gpt2/
     python prepare.py --input a.txt --input b.txt          # several documents
     python prepare.py --input books/                       # a directory: its *.txt, sorted
-    python prepare.py                                      # Tiny Shakespeare, downloaded
+    python prepare.py                                      # Tiny Shakespeare, downloaded -> data/shakespeare_char/
+    python prepare.py --input input.txt                    # Tiny Shakespeare (by its sha256) -> the same
 
 Writes DIR/train.bin and DIR/val.bin (token ids, numpy uint16, or uint32 for
 vocabularies past 65,536) and DIR/meta.json, which holds all that is needed to
@@ -35,6 +36,7 @@ from tokenizer import CharTokenizer, TiktokenTokenizer, cpu_count, cut_point, to
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_BYTES = 1_115_394
 META_FORMAT = 1
 CHUNK_BYTES = 1 << 23  # read and encode 8 MiB at a time
 
@@ -141,6 +143,21 @@ def input_files(inputs):
         else:
             files.append(name)
     return files
+
+
+def is_shakespeare(path):
+    """Whether path is Tiny Shakespeare itself (only files of its size are hashed)."""
+    if path.stat().st_size != SHAKESPEARE_BYTES:
+        return False
+    return hashlib.sha256(path.read_bytes()).hexdigest() == SHAKESPEARE_SHA256
+
+
+def default_out_dir(first_input, files, tokenizer):
+    """data/<first input's stem>_<tokenizer>; Tiny Shakespeare under any name goes
+    where the presets look for it, as if prepare.py had downloaded it."""
+    if len(files) == 1 and is_shakespeare(files[0]):
+        return f"data/shakespeare_{tokenizer}"
+    return f"data/{Path(os.path.abspath(first_input)).stem}_{tokenizer}"
 
 
 def progress(total, desc):
@@ -252,7 +269,7 @@ def main(argv):
     tokenizer = None if cfg.tokenizer == "char" else TiktokenTokenizer(cfg.tokenizer)
     if cfg.input:
         files = input_files(cfg.input)
-        out_dir = Path(cfg.out_dir or f"data/{Path(os.path.abspath(cfg.input[0])).stem}_{cfg.tokenizer}")
+        out_dir = Path(cfg.out_dir or default_out_dir(cfg.input[0], files, cfg.tokenizer))
     else:
         out_dir = Path(cfg.out_dir or f"data/shakespeare_{cfg.tokenizer}")
         files = [download_shakespeare(cfg.url, out_dir / "input.txt")]

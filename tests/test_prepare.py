@@ -211,3 +211,18 @@ def test_default_out_dir_is_named_after_the_input(tmp_path, monkeypatch):
     write(tmp_path / "notes.txt", "some notes of mine\n" * 10)
     assert prepare.main(["--input", "notes.txt"]) == 0
     assert (tmp_path / "data" / "notes_char" / "meta.json").is_file()
+
+
+def test_tiny_shakespeare_under_any_name_goes_where_the_presets_look(tmp_path, monkeypatch):
+    # Stands in for Tiny Shakespeare: the test must not need the 1 MB file.
+    data = "To be, or not to be\n".encode() * 50
+    monkeypatch.setattr(prepare, "SHAKESPEARE_BYTES", len(data))
+    monkeypatch.setattr(prepare, "SHAKESPEARE_SHA256", hashlib.sha256(data).hexdigest())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "input.txt").write_bytes(data)
+    (tmp_path / "other.txt").write_bytes(data[:-1] + b"?")  # same size, another text
+    assert prepare.main(["--input", "input.txt"]) == 0
+    assert prepare.main(["--input", "other.txt"]) == 0
+    assert (tmp_path / "data" / "shakespeare_char" / "meta.json").is_file()
+    assert (tmp_path / "data" / "other_char" / "meta.json").is_file()
+    assert not (tmp_path / "data" / "input_char").exists()
