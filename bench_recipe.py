@@ -2,7 +2,7 @@
 
     python bench_recipe.py --jobs=3 --threads=1              # the ablation: losses, 2000 iterations each
     python bench_recipe.py --runs=classic --runs=fast --iters=0 --seeds=1337   # the timing, on an idle CPU
-    python bench_recipe.py --runs="lr4e-3=config/shakespeare_char_cpu.toml --learning_rate=4e-3"
+    python bench_recipe.py --runs="lr3e-3=config/shakespeare_char_cpu.toml --learning_rate=3e-3"
     python bench_recipe.py --report_only=true                # reprint the table from the logs
 
 Each run is `python train.py PRESET --key=value ...` in its own process, with the
@@ -30,13 +30,14 @@ from pathlib import Path
 from config import UserError, cli, load_config, option
 
 CPU = "config/shakespeare_char_cpu.toml"
-VARIANTS = {  # classic, each change alone, then together
-    "classic": [CPU],
-    "adamw_lr": [CPU, "--learning_rate=4e-3"],
-    "batch24": [CPU, "--batch_size=24"],
-    "rope": [CPU, "--pos=rope"],
-    "muon": [CPU, "--optimizer=muon"],
-    "muon_rope": [CPU, "--optimizer=muon", "--pos=rope"],
+NANOGPT = [CPU, "--learning_rate=1e-3"]  # the classic preset with nanoGPT's learning rate
+VARIANTS = {  # nanoGPT's recipe, each change alone, then together
+    "nanogpt": NANOGPT,
+    "classic": [CPU],  # the learning rate alone, 4e-3
+    "batch24": [*NANOGPT, "--batch_size=24"],
+    "rope": [*NANOGPT, "--pos=rope"],
+    "muon": [*NANOGPT, "--optimizer=muon"],
+    "muon_rope": [*NANOGPT, "--optimizer=muon", "--pos=rope"],
     "fast": ["config/shakespeare_char_cpu_fast.toml"],
 }
 CHECKPOINTS = (500, 1000, 2000)  # iterations whose val loss the table shows
