@@ -1,7 +1,7 @@
 """Tokens per second of generation, with and without the KV cache.
 
-    python bench_sample.py                       # shakespeare_char shape, 500 tokens, CPU
-    python bench_sample.py --device=cuda --max_new_tokens=2000
+    python bench/sampling.py                       # shakespeare_char shape, 500 tokens, CPU
+    python bench/sampling.py --device=cuda --max_new_tokens=2000
 
 Random weights: speed does not depend on what the model has learned. Greedy
 decoding, so both runs produce the same tokens and do the same work.
@@ -9,9 +9,12 @@ decoding, so both runs produce the same tokens and do the same work.
 
 import sys
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
 from config import UserError, cli, load_config, option
 from model import GPT, GPTConfig
@@ -44,7 +47,7 @@ def tokens_per_second(model, idx, max_new_tokens, use_cache):
 
 @cli
 def main(argv):
-    cfg = load_config(BenchConfig, argv, "bench_sample.py", __doc__.strip().splitlines()[0])
+    cfg = load_config(BenchConfig, argv, "bench/sampling.py", __doc__.strip().splitlines()[0])
     if cfg.max_new_tokens < 1 or cfg.prompt_tokens < 1 or cfg.batch_size < 1:
         raise UserError("max_new_tokens, prompt_tokens and batch_size must be at least 1")
     if cfg.threads > 0:

@@ -1,6 +1,6 @@
 """Training throughput of a preset: ms/iter, tokens/s and MFU.
 
-    python bench.py config/shakespeare_char_cpu.toml [--iters=100] [--key=value ...]
+    python bench/throughput.py config/shakespeare_char_cpu.toml [--iters=100] [--key=value ...]
 
 Runs train.py's own loop for a few iterations (into a temporary out_dir) and
 reads its log, so the number is the loop users run, not a copy of it. On CPU the
@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
 import train
 from config import UserError, cli
@@ -57,7 +59,7 @@ def main(argv):
             iters = int(arg.split("=", 1)[1])
         else:
             rest.append(arg)
-    cfg = train.load_config(train.TrainConfig, rest, "bench.py", __doc__.strip().splitlines()[0])
+    cfg = train.load_config(train.TrainConfig, rest, "bench/throughput.py", __doc__.strip().splitlines()[0])
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = cfg.data_dir
         try:

@@ -1,9 +1,9 @@
 """The recipe ablation: val loss and time to a target loss, classic against fast.
 
-    python bench_recipe.py --jobs=3 --threads=1              # the ablation: losses, 2000 iterations each
-    python bench_recipe.py --runs=classic --runs=fast --iters=0 --seeds=1337   # the timing, on an idle CPU
-    python bench_recipe.py --runs="lr3e-3=config/shakespeare_char_cpu.toml --learning_rate=3e-3"
-    python bench_recipe.py --report_only=true                # reprint the table from the logs
+    python bench/recipes.py --jobs=3 --threads=1              # the ablation: losses, 2000 iterations each
+    python bench/recipes.py --runs=classic --runs=fast --iters=0 --seeds=1337   # the timing, on an idle CPU
+    python bench/recipes.py --runs="lr3e-3=config/shakespeare_char_cpu.toml --learning_rate=3e-3"
+    python bench/recipes.py --report_only=true                # reprint the table from the logs
 
 Each run is `python train.py PRESET --key=value ...` in its own process, with the
 whole val split evaluated every eval_interval steps (eval_iters=0, so the losses
@@ -26,6 +26,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
 from config import UserError, cli, load_config, option
 
@@ -75,7 +77,7 @@ def train(args, run_dir, cfg):
     env = {**os.environ, **({"OMP_NUM_THREADS": str(cfg.threads)} if cfg.threads else {})}
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     with open(run_dir / "stdout.txt", "w") as out:
-        code = subprocess.run(cmd, cwd=Path(__file__).parent, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     if code != 0:
         raise UserError(f"{' '.join(cmd)} failed (exit {code}); see {run_dir / 'stdout.txt'}")
 
@@ -115,7 +117,7 @@ def print_table(rows, cfg):
 
 @cli
 def main(argv):
-    cfg = load_config(BenchConfig, argv, "bench_recipe.py", __doc__.strip().splitlines()[0])
+    cfg = load_config(BenchConfig, argv, "bench/recipes.py", __doc__.strip().splitlines()[0])
     runs = [parse_run(spec) for spec in cfg.runs]
     try:
         seeds = [int(s) for s in cfg.seeds]

@@ -1,8 +1,8 @@
 """Data preparation speed and memory: MB/s and peak RSS, char and BPE, on a large file.
 
-    python bench_prepare.py                     # 100 MB made by repeating Tiny Shakespeare
-    python bench_prepare.py --size_mb=1000      # the peak memory should hardly change
-    python bench_prepare.py --tokenizers=gpt2   # a named encoding, if its files are cached
+    python bench/prepare_speed.py                     # 100 MB made by repeating Tiny Shakespeare
+    python bench/prepare_speed.py --size_mb=1000      # the peak memory should hardly change
+    python bench/prepare_speed.py --tokenizers=gpt2   # a named encoding, if its files are cached
 
 Each run is prepare.py's own main() in a fresh child process, which reports its
 peak resident memory (getrusage). The default BPE run uses an encoding built here,
@@ -27,11 +27,13 @@ from pathlib import Path
 import tiktoken
 import tiktoken.registry
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
+
 import prepare
 from config import UserError, cli, load_config, option
 from tokenizer import cpu_count
 
-SHAKESPEARE = Path(__file__).resolve().parent.parent / "shared/data/tinyshakespeare/input.txt"
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt"
 LOCAL = "bench_local_bpe"
 
 
@@ -85,7 +87,7 @@ def make_input(source, size_mb, path):
 def main(argv):
     if argv[:1] == ["--child"]:
         return child(*argv[1:])
-    cfg = load_config(BenchConfig, argv, "bench_prepare.py", __doc__.strip().splitlines()[0])
+    cfg = load_config(BenchConfig, argv, "bench/prepare_speed.py", __doc__.strip().splitlines()[0])
     if not Path(cfg.source).is_file():
         raise UserError(f"source text {cfg.source} not found; pass --source=FILE")
     with tempfile.TemporaryDirectory() as tmp:
