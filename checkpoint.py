@@ -5,9 +5,7 @@ saved with torch.save and loaded with weights_only=True, which refuses anything
 else: a file that would run code when unpickled is rejected, not executed.
 """
 
-import json
 import os
-import random
 from pathlib import Path
 
 import torch
@@ -15,7 +13,6 @@ import torch
 from config import UserError
 
 CHECKPOINT_FORMAT = 1
-
 
 
 def save_checkpoint(state, path):
@@ -51,22 +48,3 @@ def load_checkpoint(path, device="cpu"):
         raise UserError(f"{path} has checkpoint format {ckpt['format']}, newer than this code "
                         f"({CHECKPOINT_FORMAT}); update the code to read it")
     return ckpt
-
-
-def rng_state(data_state):
-    """All random state, with data_state the data sampler's before its next batch."""
-    state = {"python": random.getstate(), "numpy_data": data_state, "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    # Python's state holds 128-bit ints and tuples: keep them as JSON text, so the
-    # checkpoint stays plain data that weights_only loading accepts.
-    return {**state, "python": json.dumps(state["python"]), "numpy_data": json.dumps(state["numpy_data"])}
-
-
-def set_rng_state(state, data_rng):
-    version, internal, gauss = json.loads(state["python"])
-    random.setstate((version, tuple(internal), gauss))
-    data_rng.bit_generator.state = json.loads(state["numpy_data"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

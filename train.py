@@ -10,10 +10,10 @@ Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from config import UserError, cli, load_config, option
 from device import maybe_compile, peak_flops, pick_device, pick_dtype
 from model import GPT, GPTConfig, padded_vocab_size
@@ -56,8 +56,8 @@ class TrainConfig:
     tie_weights: bool = option(True, "output head shares the token embedding matrix")
     fused_attention: bool = option(True, "use F.scaled_dot_product_attention (False: the written-out math)")
     # optimization
-    batch_size: int = option(64, "sequences per micro-batch")
-    grad_accum: int = option(1, "micro-batches per optimizer step, split across processes")
+    batch_size: int = option(64, "sequences per micro-batch, in each process")
+    grad_accum: int = option(1, "micro-batches per optimizer step, in each process")
     max_iters: int = option(5000, "optimizer steps in the whole run")
     learning_rate: float = option(1e-3, "peak learning rate, reached after warmup")
     min_lr: float = option(1e-4, "learning rate at the end of the cosine decay")
@@ -113,6 +113,13 @@ def flops_per_token(model, cfg):
 
 
 # --- Data ---------------------------------------------------------------------------------
+
+
+def step_seed(seed, rank, it):
+    """The seed of step `it` on process `rank`, for its batches and its dropout masks.
+    Derived afresh at every step, so a resumed run, on any number of processes, draws
+    exactly what an uninterrupted one would, with no generator state to save."""
+    return int(np.random.SeedSequence((seed, rank, it)).generate_state(1)[0])
 
 
 def get_batch(data, batch_size, block_size, rng, device):
@@ -264,9 +271,6 @@ def run(cfg, device, rank, world):
     master = rank == 0
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
     dtype = pick_dtype(cfg.dtype, device_type)
-    if cfg.grad_accum % world != 0:
-        raise UserError(f"grad_accum ({cfg.grad_accum}) must be a multiple of the number of processes ({world})")
-    accum = cfg.grad_accum // world
     if cfg.init_from not in ("scratch", "resume"):
         raise UserError(f"init_from must be 'scratch' or 'resume', got {cfg.init_from!r}")
     meta, splits = load_data(cfg)
@@ -274,8 +278,6 @@ def run(cfg, device, rank, world):
     out_dir = prepare_out_dir(cfg, ckpt["iter"] if ckpt else 0) if master else Path(cfg.out_dir)
 
     torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    data_rng = np.random.default_rng(cfg.seed + rank)  # each process draws its own batches
     mconf = model_config(cfg, meta["vocab_size"])
     model = GPT(mconf).to(device)
     optimizer = configure_optimizer(model, cfg, device_type)
@@ -288,7 +290,6 @@ def run(cfg, device, rank, world):
         scaler.load_state_dict(ckpt["scaler"])
         start_iter, best_val = ckpt["iter"], ckpt["best_val_loss"]
         evaluated = start_iter if ckpt["val_loss"] is not None else None  # None: saved on a signal
-        set_rng_state(ckpt["rng"], data_rng)
         if master:
             print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter}")
     del ckpt
@@ -300,12 +301,15 @@ def run(cfg, device, rank, world):
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
     autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
-    tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
+    # batch_size and grad_accum are per process, so one step sees all of this:
+    sequences_per_iter = cfg.batch_size * cfg.grad_accum * world
+    tokens_per_iter = sequences_per_iter * cfg.block_size
     flops = flops_per_token(raw_model, cfg)
     peak = peak_flops(device_type)
     if master:
-        print(f"{raw_model.num_params():,} parameters, {tokens_per_iter:,} tokens per step, "
-              f"{world} process(es) on {device}, {str(dtype).removeprefix('torch.')}")
+        print(f"{raw_model.num_params():,} parameters; {tokens_per_iter:,} tokens per step: batch "
+              f"{cfg.batch_size} x grad_accum {cfg.grad_accum} x {world} process(es) = {sequences_per_iter} "
+              f"sequences of {cfg.block_size}; on {device}, {str(dtype).removeprefix('torch.')}")
 
     def log(record):
         with open(out_dir / "log.jsonl", "a") as f:
@@ -315,20 +319,22 @@ def run(cfg, device, rank, world):
         state = {"format": CHECKPOINT_FORMAT, "model": raw_model.state_dict(),
                  "model_config": dataclasses.asdict(mconf), "train_config": dataclasses.asdict(cfg),
                  "meta": meta, "iter": it, "best_val_loss": best_val, "val_loss": val_loss,
-                 "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(data_state)}
+                 "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}
         save_checkpoint(state, out_dir / "ckpt.pt")
         return state
 
     bar = tqdm(total=cfg.max_iters, initial=start_iter, disable=not master or None, dynamic_ncols=True)
 
-    def next_batch():
-        # Keep the sampler's state before each batch: a checkpoint stores the one
-        # before the batch the next step starts with, so resuming draws the same data.
-        nonlocal data_state
-        data_state = data_rng.bit_generator.state
-        return get_batch(splits["train"], cfg.batch_size, cfg.block_size, data_rng, device)
+    def train_batches(it):
+        """This process's micro-batches, grad_accum per step, from step it on."""
+        while True:
+            rng = np.random.default_rng(step_seed(cfg.seed, rank, it))
+            for _ in range(cfg.grad_accum):
+                yield get_batch(splits["train"], cfg.batch_size, cfg.block_size, rng, device)
+            it += 1
 
-    data_state = None
+    batches = train_batches(start_iter)
+    next_batch = functools.partial(next, batches)
     x, y = next_batch()
     step_ms = []
     it = start_iter
@@ -353,7 +359,8 @@ def run(cfg, device, rank, world):
                 break
 
             t0 = time.perf_counter()
-            loss_value, x, y = train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg)
+            torch.manual_seed(step_seed(cfg.seed, rank, it))  # this step's dropout masks
+            loss_value, x, y = train_step(model, optimizer, scaler, next_batch, x, y, cfg.grad_accum, autocast, cfg)
             step_ms.append((time.perf_counter() - t0) * 1000)
             it += 1
             # fp16's GradScaler skips steps whose gradients overflow; that is not a failure.

@@ -94,10 +94,11 @@ def test_torchrun_with_two_cpu_processes(data_dir, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
            TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--eval_interval=3",
-           "--grad_accum=2", "--log_interval=1"]
+           "--log_interval=1"]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "2 process(es) on cpu" in result.stdout
+    # batch_size and grad_accum are per process: the preset's batch of 8 runs in each of the two
+    assert "batch 8 x grad_accum 1 x 2 process(es) = 16 sequences of 16; on cpu" in result.stdout
     log = read_log(tmp_path)
     assert [r["iter"] for r in log if "val_loss" in r] == [0, 3, 6]  # only rank 0 writes
     assert len([r for r in log if "loss" in r]) == 6
