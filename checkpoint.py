@@ -27,6 +27,15 @@ def save_checkpoint(state, path):
     os.replace(tmp, path)
 
 
+def checkpoint_path(out_dir, name=""):
+    """out_dir/name; with no name, the run's best model: best.pt (the lowest val loss) when it
+    exists, else ckpt.pt (the latest step), which a run writes before any best.pt."""
+    out_dir = Path(out_dir)
+    if name:
+        return out_dir / name
+    return out_dir / "best.pt" if (out_dir / "best.pt").is_file() else out_dir / "ckpt.pt"
+
+
 def load_checkpoint(path, device="cpu"):
     """A checkpoint's dict. weights_only=True: tensors and plain data, never code."""
     path = Path(path)

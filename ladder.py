@@ -26,6 +26,7 @@ import torch
 import train
 from checkpoint import load_checkpoint
 from config import UserError, cli, help_text, load_config, option
+from data import check_block_size, load_data
 from model import GPT, GPTConfig
 from tokenizer import cpu_count
 
@@ -235,7 +236,9 @@ def main(argv):
             args.append("--init_from=resume")
         plan.append((preset.stem, out_dir, args, state, rung_cfg))
     first_cfg = plan[0][4]
-    train.load_data(first_cfg)  # the data is there, or say how to prepare it
+    _, splits = load_data(first_cfg.data_dir)  # the data is there, or say how to prepare it
+    for _, _, _, _, rung_cfg in plan:
+        check_block_size(splits, rung_cfg.block_size, rung_cfg.data_dir)
 
     rows = []
     for n, (name, out_dir, args, state, _) in enumerate(plan, 1):

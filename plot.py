@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from checkpoint import checkpoint_path
 from config import UserError, cli, help_text, load_config, option
 from model import CausalAverage, MultiHeadAttention, causal_mask
 from sample import load_model
@@ -40,7 +41,7 @@ class LossesConfig:
 @dataclass
 class AttentionConfig:
     out_dir: str = option("out", "the run directory holding the checkpoint; also given without --out_dir=")
-    checkpoint: str = option("ckpt.pt", "which checkpoint in out_dir: ckpt.pt (the latest) or best.pt")
+    checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); empty: best.pt if it exists")
     prompt: str = option("", "the text whose attention to draw, at most block_size tokens")
     out: str = option("attention.png", "the image to write (.png, .svg or .pdf)")
 
@@ -207,7 +208,8 @@ def plot_attention(cfg):
     """The attention-grid figure for cfg (AttentionConfig)."""
     if not cfg.prompt:
         raise UserError("--prompt is empty; give the text whose attention to draw, e.g. --prompt='ROMEO: But soft'")
-    model, tokenizer = load_model(Path(cfg.out_dir) / cfg.checkpoint, "cpu")
+    path = checkpoint_path(cfg.out_dir, cfg.checkpoint)
+    model, tokenizer = load_model(path, "cpu")
     unknown = tokenizer.unknown(cfg.prompt)
     if unknown:
         raise UserError(f"--prompt has {len(unknown)} character(s) the model never saw: "
@@ -217,7 +219,7 @@ def plot_attention(cfg):
         raise UserError(f"--prompt is {len(ids)} tokens, longer than the model's block_size "
                         f"{model.config.block_size}; shorten it")
     weights = attention_weights(model, torch.tensor([ids]))  # (L, H, T, T)
-    title = f"attention of {Path(cfg.out_dir) / cfg.checkpoint} on {cfg.prompt[:60]!r}"
+    title = f"attention of {path} on {cfg.prompt[:60]!r}"
     fig, _ = draw_attention(pyplot(), weights, token_labels(tokenizer, ids), title)
     return fig
 

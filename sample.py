@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import load_checkpoint
+from checkpoint import checkpoint_path, load_checkpoint
 from config import UserError, cli, load_config, option
 from device import pick_device, pick_dtype
 from model import GPT, GPTConfig
@@ -29,7 +29,7 @@ SEPARATOR = "-" * 40
 @dataclass
 class SampleConfig:
     out_dir: str = option("out", "the directory train.py wrote its checkpoints to")
-    checkpoint: str = option("ckpt.pt", "which checkpoint in out_dir: ckpt.pt (the latest) or best.pt (best val loss)")
+    checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); empty: best.pt if it exists")
     start: str = option("", "the prompt, or FILE:path to read it from a file; empty starts from a newline")
     prompts: str = option("", "a file of prompts, one a line (blank lines skipped), generated in one batch")
     num_samples: int = option(1, "how many samples to generate (for each prompt)")
@@ -223,7 +223,7 @@ def main(argv):
     device_type = torch.device(device).type
     dtype = pick_dtype(cfg.dtype, device_type)
     prompts = read_prompts(cfg)
-    model, tokenizer = load_model(Path(cfg.out_dir) / cfg.checkpoint, device)
+    model, tokenizer = load_model(checkpoint_path(cfg.out_dir, cfg.checkpoint), device)
     rows = encode_prompts(prompts, tokenizer, cfg.unknown)
     n_vocab = model.config.real_vocab_size or model.config.vocab_size
     top_k = None if cfg.top_k is None else min(cfg.top_k, n_vocab)  # more than the vocabulary is all of it

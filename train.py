@@ -9,8 +9,10 @@ Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt
 """
 
 import contextlib
+import copy
 import dataclasses
 import functools
+import io
 import json
 import math
 import os
@@ -26,19 +28,20 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+import budget
 from checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from config import UserError, cli, load_config, option
 from device import maybe_compile, peak_flops, pick_device, pick_dtype
 from model import GPT, GPTConfig, padded_vocab_size
 from optim import configure_optimizer
-from prepare import open_split, read_meta
+from data import check_block_size, estimate_loss, get_batch, load_data
 
 
 @dataclass
 class TrainConfig:
     # data and output
     data_dir: str = option("data/shakespeare_char", "directory written by prepare.py")
-    out_dir: str = option("out", "where checkpoints and log.jsonl go")
+    out_dir: str = option("", "where checkpoints and log.jsonl go (empty: out/NAME for data/NAME)")
     init_from: str = option("scratch", "'scratch' for a new model, 'resume' to continue out_dir/ckpt.pt")
     overwrite: bool = option(False, "let a scratch run replace a checkpoint already in out_dir")
     # model (see GPTConfig in model.py)
@@ -73,6 +76,9 @@ class TrainConfig:
     muon_ns_steps: int = option(5, "Newton-Schulz steps per Muon update")
     muon_weight_decay: float = option(0.0, "Muon's weight decay")
     # evaluation and logging
+    max_time: str = option("", "a time budget for the whole run, e.g. 90s, 5m, 2h: the steps are fitted to it "
+                                f"(empty: {budget.DEFAULT_BUDGET} when neither a preset nor --max_iters sets the steps)")
+    patience: int = option(5, "stop early when val loss has not improved for this many evaluations (0: never)")
     eval_interval: int = option(250, "evaluate and checkpoint every this many steps")
     eval_iters: int = option(200, "batches per loss estimate (0: the whole val split, deterministically)")
     log_interval: int = option(10, "write a log line every this many steps")
@@ -107,11 +113,6 @@ def get_lr(it, cfg):
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def flops_per_token(model, cfg):
-    """Training FLOPs per token: 6 per parameter (forward and backward) plus attention's."""
-    return 6 * model.num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-
-
 # --- Data ---------------------------------------------------------------------------------
 
 
@@ -120,52 +121,6 @@ def step_seed(seed, rank, it):
     Derived afresh at every step, so a resumed run, on any number of processes, draws
     exactly what an uninterrupted one would, with no generator state to save."""
     return int(np.random.SeedSequence((seed, rank, it)).generate_state(1)[0])
-
-
-def get_batch(data, batch_size, block_size, rng, device):
-    """batch_size random windows of data: inputs (B, T) and next-token targets (B, T)."""
-    starts = rng.integers(0, len(data) - block_size, size=batch_size)
-    x = np.stack([data[s : s + block_size] for s in starts]).astype(np.int64)
-    y = np.stack([data[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64)
-    x, y = torch.from_numpy(x), torch.from_numpy(y)
-    if device.startswith("cuda"):
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
-
-
-def sequential_batches(data, block_size, batch_size, n_windows, device):
-    """n_windows non-overlapping windows from the start of data, batch by batch."""
-    n_windows = min(n_windows, (len(data) - 1) // block_size)
-    for first in range(0, n_windows, batch_size):
-        starts = range(first * block_size, min(first + batch_size, n_windows) * block_size, block_size)
-        x = np.stack([data[s : s + block_size] for s in starts]).astype(np.int64)
-        y = np.stack([data[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64)
-        yield torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-
-
-@torch.no_grad()
-def estimate_loss(model, splits, cfg, device, autocast, seed):
-    """Mean loss per split. eval_iters > 0: that many random batches (seeded, so the
-    training data order is untouched). eval_iters = 0: the whole val split in
-    non-overlapping windows, and as many train tokens from the train split's start."""
-    model.eval()
-    out = {}
-    for name, data in splits.items():
-        if cfg.eval_iters > 0:
-            rng = np.random.default_rng(seed)
-            batches = (get_batch(data, cfg.batch_size, cfg.block_size, rng, device) for _ in range(cfg.eval_iters))
-        else:
-            n_windows = (len(splits["val"]) - 1) // cfg.block_size
-            batches = sequential_batches(data, cfg.block_size, 4 * cfg.batch_size, n_windows, device)
-        total, count = 0.0, 0
-        for x, y in batches:
-            with autocast:
-                _, loss = model(x, y)
-            total += loss.item() * y.numel()
-            count += y.numel()
-        out[name] = total / count
-    model.train()
-    return out
 
 
 # --- The run ---------------------------------------------------------------------------------
@@ -186,17 +141,6 @@ class StopRequested:
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
             signal.signal(s, handler)
-
-
-def load_data(cfg):
-    """meta.json and memmapped splits, checked against block_size."""
-    meta = read_meta(cfg.data_dir)
-    splits = {split: open_split(cfg.data_dir, split, meta) for split in ("train", "val")}
-    for split, data in splits.items():
-        if len(data) <= cfg.block_size:
-            raise UserError(f"the {split} split of {cfg.data_dir} has {len(data)} tokens, not more than "
-                            f"block_size {cfg.block_size}; lower --block_size or prepare a longer text")
-    return meta, splits
 
 
 def prepare_out_dir(cfg, start_iter):
@@ -229,6 +173,79 @@ def check_resumable(ckpt, mconf, meta, cfg):
         raise UserError(f"cannot resume {path}: its tokenizer differs from the one in {cfg.data_dir}")
 
 
+def run_out_dir(cfg, sources):
+    """out_dir as set on the command line, or by the preset that also names the data; otherwise
+    it follows the data, out/NAME for data/NAME, so runs on different texts never meet."""
+    where = sources.get("out_dir")
+    if cfg.out_dir and (where == "command line" or (where is not None and where == sources.get("data_dir"))):
+        return cfg.out_dir
+    return str(Path("out") / Path(cfg.data_dir).name)
+
+
+def resumed_config(saved, cfg, sources):
+    """The settings the run started with, from its checkpoint, with what a preset or the command
+    line sets now laid over them: a resumed run keeps the choices made at its start (the model
+    sized for the data, the steps its time budget bought) and does not choose again."""
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    start = TrainConfig(**{k: v for k, v in saved.items() if k in known})
+    now = {k: getattr(cfg, k) for k in sources} | {"out_dir": cfg.out_dir, "init_from": "resume"}
+    return dataclasses.replace(start, **now)
+
+
+def time_steps(cfg, meta, splits, device, dtype, autocast, world, model=None, optimizer=None, scaler=None):
+    """(seconds per training step, seconds per evaluation with its checkpoints) for cfg on this
+    device, from a few real steps. Given a model, its optimizer and scaler, they are put back as
+    they were; without, a model is built for cfg and dropped."""
+    if model is None:
+        model = GPT(model_config(cfg, meta["vocab_size"])).to(device)
+        optimizer = configure_optimizer(model, cfg, device.split(":")[0])
+        scaler = torch.amp.GradScaler(enabled=dtype == torch.float16)
+    raw = model.module if isinstance(model, DDP) else model
+    raw = getattr(raw, "_orig_mod", raw)  # under torch.compile
+    saved = copy.deepcopy((raw.state_dict(), optimizer.state_dict(), scaler.state_dict()))
+    rng = np.random.default_rng(cfg.seed)
+    batch = functools.partial(get_batch, splits["train"], cfg.batch_size, cfg.block_size, rng, device)
+    x, y = batch()
+
+    def step():
+        nonlocal x, y
+        _, x, y = train_step(model, optimizer, scaler, batch, x, y, cfg.grad_accum, autocast, cfg)
+
+    def forward():
+        with torch.no_grad(), autocast:
+            raw(x, y)[1].item()
+
+    calls = 5 if world > 1 else None  # every process must run the same number of synchronized steps
+    step_s = budget.time_per_call(step, min_seconds=0.5, calls=calls)
+    raw.eval()
+    forward_s = budget.time_per_call(forward, min_seconds=0.2, calls=calls)
+    raw.train()
+    t0 = time.perf_counter()
+    torch.save({"model": raw.state_dict(), "optimizer": optimizer.state_dict()}, io.BytesIO())
+    save_s = 2 * (time.perf_counter() - t0)  # ckpt.pt, and best.pt when val improves
+    raw.load_state_dict(saved[0])
+    optimizer.load_state_dict(saved[1])
+    scaler.load_state_dict(saved[2])
+    optimizer.zero_grad(set_to_none=True)
+    eval_tokens = 2 * (cfg.eval_iters * cfg.batch_size * cfg.block_size or len(splits["val"]))  # val, and train
+    eval_s = eval_tokens / (cfg.batch_size * cfg.block_size) * forward_s + save_s
+    return agree_on((step_s, eval_s), device, world)
+
+
+def agree(flag, device, world):
+    """Rank 0's flag on every process: its evaluations decide for all."""
+    return bool(agree_on((float(bool(flag)),), device, world)[0])
+
+
+def agree_on(numbers, device, world):
+    """Rank 0's numbers on every process, so that all make the same plan."""
+    if world == 1:
+        return tuple(numbers)
+    t = torch.tensor(numbers, dtype=torch.float64, device=device)
+    dist.broadcast(t, src=0)
+    return tuple(t.tolist())
+
+
 def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg):
     """One optimizer step over accum micro-batches; returns the loss and the next batch."""
     for micro in range(accum):
@@ -250,7 +267,8 @@ def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg)
 
 @cli
 def main(argv):
-    cfg = load_config(TrainConfig, argv, "train.py", __doc__.strip().splitlines()[0])
+    sources = {}  # which settings a preset or the command line gave, and which were left to choose
+    cfg = load_config(TrainConfig, argv, "train.py", __doc__.strip().splitlines()[0], sources=sources)
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
     device = pick_device(cfg.device)
@@ -261,20 +279,38 @@ def main(argv):
             torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     try:
-        return run(cfg, device, rank, world)
+        return run(cfg, sources, device, rank, world)
     finally:
         if ddp:
             dist.destroy_process_group()
 
 
-def run(cfg, device, rank, world):
+def run(cfg, sources, device, rank, world):
     master = rank == 0
+    say = print if master else lambda *args: None
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
     dtype = pick_dtype(cfg.dtype, device_type)
     if cfg.init_from not in ("scratch", "resume"):
         raise UserError(f"init_from must be 'scratch' or 'resume', got {cfg.init_from!r}")
-    meta, splits = load_data(cfg)
+    cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
+    meta, splits = load_data(cfg.data_dir)
     ckpt = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt", device) if cfg.init_from == "resume" else None
+    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
+                else contextlib.nullcontext())
+    seconds, fit_steps, max_steps = None, False, None
+    if ckpt is not None:
+        cfg = resumed_config(ckpt["train_config"], cfg, sources)
+    else:
+        # A time budget fixes the steps (and, with no preset, the model) once, here.
+        preset = any(where != "command line" for where in sources.values())
+        seconds = budget.parse_duration(cfg.max_time or budget.DEFAULT_BUDGET)
+        fit_steps = bool(cfg.max_time) or (not preset and "max_iters" not in sources)
+        if not preset:
+            measure = functools.partial(time_steps, meta=meta, splits=splits, device=device, dtype=dtype,
+                                        autocast=autocast, world=world)
+            cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
+                                                  meta["vocab_size"], seconds, measure, say)
+    check_block_size(splits, cfg.block_size, cfg.data_dir)
     out_dir = prepare_out_dir(cfg, ckpt["iter"] if ckpt else 0) if master else Path(cfg.out_dir)
 
     torch.manual_seed(cfg.seed)
@@ -283,12 +319,13 @@ def run(cfg, device, rank, world):
     optimizer = configure_optimizer(model, cfg, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))
     start_iter, best_val, evaluated = 0, float("inf"), None  # evaluated: the iteration whose eval is done
+    bad_evals = 0  # evaluations in a row without a new best
     if ckpt is not None:
         check_resumable(ckpt, mconf, meta, cfg)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
-        start_iter, best_val = ckpt["iter"], ckpt["best_val_loss"]
+        start_iter, best_val, bad_evals = ckpt["iter"], ckpt["best_val_loss"], ckpt.get("bad_evals", 0)
         evaluated = start_iter if ckpt["val_loss"] is not None else None  # None: saved on a signal
         if master:
             print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter}")
@@ -301,10 +338,14 @@ def run(cfg, device, rank, world):
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
     autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
+    if fit_steps:
+        step_s, eval_s = time_steps(cfg, meta, splits, device, dtype, autocast, world, model=model,
+                                    optimizer=optimizer, scaler=scaler)
+        cfg = budget.fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps, say)
     # batch_size and grad_accum are per process, so one step sees all of this:
     sequences_per_iter = cfg.batch_size * cfg.grad_accum * world
     tokens_per_iter = sequences_per_iter * cfg.block_size
-    flops = flops_per_token(raw_model, cfg)
+    flops = budget.train_flops_per_token(raw_model.num_params(), cfg.n_layer, cfg.n_embd, cfg.block_size)
     peak = peak_flops(device_type)
     if master:
         print(f"{raw_model.num_params():,} parameters; {tokens_per_iter:,} tokens per step: batch "
@@ -319,7 +360,7 @@ def run(cfg, device, rank, world):
         state = {"format": CHECKPOINT_FORMAT, "model": raw_model.state_dict(),
                  "model_config": dataclasses.asdict(mconf), "train_config": dataclasses.asdict(cfg),
                  "meta": meta, "iter": it, "best_val_loss": best_val, "val_loss": val_loss,
-                 "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}
+                 "bad_evals": bad_evals, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}
         save_checkpoint(state, out_dir / "ckpt.pt")
         return state
 
@@ -337,25 +378,29 @@ def run(cfg, device, rank, world):
     next_batch = functools.partial(next, batches)
     x, y = next_batch()
     step_ms = []
+    stop_early = bool(cfg.patience and bad_evals >= cfg.patience)  # a resumed run that had stopped early
     it = start_iter
     with StopRequested() as stop:
         while True:
             lr = get_lr(it, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at muon_lr's scale
-            if master and (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != evaluated:
-                losses = estimate_loss(raw_model, splits, cfg, device, autocast, seed=cfg.seed + it)
-                record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
-                          "val_bpc": losses["val"] / math.log(2), "lr": lr}
-                log(record)
-                improved = losses["val"] < best_val
-                best_val = min(best_val, losses["val"])
-                state = checkpoint(it, losses["val"])
-                if improved:
-                    save_checkpoint(state, out_dir / "best.pt")
-                bar.write(f"step {it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-                          f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
-            if it >= cfg.max_iters:
+            if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != evaluated:
+                if master:
+                    losses = estimate_loss(raw_model, splits, cfg, device, autocast, seed=cfg.seed + it)
+                    record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
+                              "val_bpc": losses["val"] / math.log(2), "lr": lr}
+                    log(record)
+                    improved = losses["val"] < best_val
+                    best_val = min(best_val, losses["val"])
+                    bad_evals = 0 if improved else bad_evals + 1
+                    state = checkpoint(it, losses["val"])
+                    if improved:
+                        save_checkpoint(state, out_dir / "best.pt")
+                    bar.write(f"step {it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
+                              f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
+                stop_early = agree(cfg.patience and bad_evals >= cfg.patience, device, world)
+            if it >= cfg.max_iters or stop_early:
                 break
 
             t0 = time.perf_counter()
@@ -387,6 +432,9 @@ def run(cfg, device, rank, world):
                 return 128 + stop.signum
     bar.close()
     if master:
+        if it < cfg.max_iters:
+            print(f"stopped early at iteration {it}: val loss has not improved for {bad_evals} evaluations "
+                  f"(--patience={cfg.patience}); the best model is in {out_dir / 'best.pt'}")
         median = sorted(step_ms)[len(step_ms) // 2] if step_ms else 0.0
         print(f"done: {it} iterations, best val loss {best_val:.4f}, median {median:.1f} ms/iter; "
               f"checkpoints in {out_dir}")

@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
+import budget
 import train
 from config import UserError, cli
 from device import pick_device
@@ -86,7 +87,8 @@ def main(argv):
     if "mfu" in steps[-1]:
         print(f"MFU {np.median([r['mfu'] for r in steps]):.1%} of the device's bf16 peak")
     elif device == "cpu":
-        flops = train.flops_per_token(GPT(train.model_config(cfg, vocab_size)), cfg) * tok_s
+        params = GPT(train.model_config(cfg, vocab_size)).num_params()
+        flops = budget.train_flops_per_token(params, cfg.n_layer, cfg.n_embd, cfg.block_size) * tok_s
         peak = matmul_peak_flops()
         print(f"model FLOP/s {flops / 1e9:.1f} G, fp32 matmul peak here {peak / 1e9:.1f} G: MFU {flops / peak:.1%}")
     return 0

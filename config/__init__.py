@@ -130,11 +130,13 @@ def help_text(cls, prog, description):
     return "\n".join(lines)
 
 
-def load_config(cls, argv, prog="", description=""):
-    """Builds a `cls` from presets and overrides in argv; --help prints and exits."""
+def load_config(cls, argv, prog="", description="", sources=None):
+    """Builds a `cls` from presets and overrides in argv; --help prints and exits.
+    A dict passed as sources is filled with where each key that was set came from:
+    the preset's path, or "command line"; keys left at their defaults are absent."""
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
-    values, lists_from_cli = {}, set()
+    values, lists_from_cli, origin = {}, set(), {}
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -147,6 +149,7 @@ def load_config(cls, argv, prog="", description=""):
                 if name not in hints:
                     raise _unknown(name, known, arg)
                 values[name] = _convert(name, hints[name], value, arg)
+                origin[name] = arg
             continue
         name, has_value, value = arg[2:].partition("=")
         name = name.replace("-", "_")
@@ -167,4 +170,7 @@ def load_config(cls, argv, prog="", description=""):
             lists_from_cli.add(name)
         else:
             values[name] = value
+        origin[name] = "command line"
+    if sources is not None:
+        sources.update(origin)
     return cls(**values)

@@ -42,14 +42,14 @@ def write(path, content):
     return str(path)
 
 
-def truncate_checkpoint(ws):
-    data = (ws / "out" / "ckpt.pt").read_bytes()
-    write(ws / "out" / "ckpt.pt", data[: len(data) // 2])
+def truncate_checkpoint(ws, name="ckpt.pt"):
+    data = (ws / "out" / name).read_bytes()
+    write(ws / "out" / name, data[: len(data) // 2])
 
 
-def newer_checkpoint(ws):
-    ckpt = torch.load(ws / "out" / "ckpt.pt", weights_only=True)
-    torch.save({**ckpt, "format": checkpoint.CHECKPOINT_FORMAT + 1}, ws / "out" / "ckpt.pt")
+def newer_checkpoint(ws, name="best.pt"):  # best.pt: what sample.py reads when it exists
+    ckpt = torch.load(ws / "out" / name, weights_only=True)
+    torch.save({**ckpt, "format": checkpoint.CHECKPOINT_FORMAT + 1}, ws / "out" / name)
 
 
 def mismatched_bins(ws):
@@ -88,9 +88,9 @@ CASES = [
      lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'a_file' / 'out'}"], "cannot write"),
     ("truncated checkpoint (resume)", "train", truncate_checkpoint,
      lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'out'}", "--init_from=resume"], "truncated"),
-    ("truncated checkpoint (sample)", "sample", truncate_checkpoint,
+    ("truncated checkpoint (sample)", "sample", lambda ws: truncate_checkpoint(ws, "best.pt"),
      lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=5"], "truncated"),
-    ("a file that is not a checkpoint", "sample", lambda ws: write(ws / "out" / "ckpt.pt", "hello, world\n"),
+    ("a file that is not a checkpoint", "sample", lambda ws: write(ws / "out" / "best.pt", "hello, world\n"),
      lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=5"], "not a readable checkpoint"),
     ("a checkpoint from a newer format", "sample", newer_checkpoint,
      lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=5"], "newer than this code"),

@@ -39,6 +39,13 @@ def test_presets_overlay_the_defaults_in_order_then_the_command_line(tmp_path):
     assert load_config(Settings, [first, "--rate=1e-3"]).rate == pytest.approx(1e-3)
 
 
+def test_sources_say_where_each_set_key_came_from(tmp_path):
+    first = toml(tmp_path / "first.toml", "layers = 10\nrate = 3.5\n")
+    sources = {}
+    load_config(Settings, [first, "--rate=1", "--flag"], sources=sources)
+    assert sources == {"layers": first, "rate": "command line", "flag": "command line"}
+
+
 def test_key_space_value_works_like_key_equals_value():
     cfg = load_config(Settings, ["--layers", "5", "--name", "hello world", "--rate", "-1.5"])
     assert (cfg.layers, cfg.name, cfg.rate) == (5, "hello world", -1.5)

@@ -1,0 +1,192 @@
+"""Sizing a run to its data and to the time it has.
+
+    python train.py --data_dir=data/notes_char                 # no preset: sized for the data, 5 minutes
+    python train.py --data_dir=data/notes_char --max_time=30m
+    python train.py config/shakespeare_char_cpu_fast.toml --max_time=2m   # the preset's model, steps for 2 minutes
+
+With no preset, `choose_run` picks the model and its training from the number of
+training tokens, the vocabulary and the compute the time budget buys on this
+device. With a budget, `plan_steps` turns the time into a number of steps once,
+from step and evaluation times measured at the start (the probe, in train.py):
+the learning-rate schedule then ends on time, and the count is stored in the
+checkpoint, so a resumed run continues exactly instead of measuring again.
+"""
+
+import dataclasses
+import math
+import os
+import re
+import time
+
+from config import UserError
+
+DEFAULT_BUDGET = "5m"  # with no preset and no --max_iters: a few minutes of a laptop's time
+_IMPORTED = time.time()
+
+
+def parse_duration(text):
+    """Seconds in '90s', '5m', '2h', '1h30m', '1.5h' or a plain number of seconds."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    cleaned = text.strip().lower().replace(" ", "")
+    if re.fullmatch(r"\d+(\.\d*)?", cleaned):
+        return float(cleaned)
+    parts = re.findall(r"(\d+(?:\.\d*)?)([hms])", cleaned)
+    if not parts or "".join(n + u for n, u in parts) != cleaned:
+        raise UserError(f"max_time must be a duration such as 90s, 5m, 2h or 1h30m, got {text!r}")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def process_age():
+    """Seconds since this process started: the budget counts Python's start-up too."""
+    try:
+        with open("/proc/self/stat") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time since boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time() - _IMPORTED
+
+
+# --- The rule -----------------------------------------------------------------------------
+
+# Model sizes, smallest first. Depth and width grow together, each size about twice the
+# parameters of the one before; heads are 32 channels wide up to 256, 64 beyond.
+SHAPES = [(2, 64), (3, 96), (4, 128), (5, 160), (6, 192), (6, 256), (8, 320), (8, 384), (10, 512), (12, 768)]
+TOKENS_PER_PARAM = 10  # a model needs about this many training tokens per parameter to be worth its size
+MAX_EPOCHS = 10  # past this many passes over a small text, a model mostly memorizes it
+MAX_STEPS = 4000  # past this, larger batches instead of more steps
+# The fast recipe (config/shakespeare_char_cpu_fast.toml): Muon for the block matrices, rotary positions.
+RECIPE = {"pos": "rope", "optimizer": "muon", "muon_lr": 0.015, "muon_momentum": 0.9, "learning_rate": 1.5e-3,
+          "weight_decay": 0.1, "bias": False}
+EVALS = 12  # evaluations spread over a run with no preset (and one at the start)
+EVAL_BATCHES = 20  # batches per loss estimate when the val split is too large to read whole
+
+
+def shape_settings(n_layer, n_embd):
+    head = 32 if n_embd <= 256 else 64
+    block = 64 if n_embd <= 128 else 128 if n_embd <= 192 else 256
+    return {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_embd // head, "block_size": block}
+
+
+def block_params(n_layer, n_embd):
+    """Parameters inside the blocks: attention (4 C^2) and feed-forward (8 C^2) per layer."""
+    return 12 * n_layer * n_embd**2
+
+
+def train_flops_per_token(params, n_layer, n_embd, block_size):
+    """Forward and backward: 6 per weight a token passes through, plus attention over the context."""
+    return 6 * params + 12 * n_layer * n_embd * block_size
+
+
+def model_flops_per_token(n_layer, n_embd, block_size, vocab_size):
+    """train_flops_per_token of a model not built yet: its blocks, and the embedding shared with the head."""
+    return train_flops_per_token(block_params(n_layer, n_embd) + vocab_size * n_embd, n_layer, n_embd, block_size)
+
+
+def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds):
+    """The model and training for this data and budget: ({setting: value}, most steps worth
+    taking, a reason to print). flops_per_s: the training rate measured on this device."""
+    data_tokens = MAX_EPOCHS * train_tokens  # what the text can usefully give
+
+    def tokens(n_layer, n_embd):  # what the budget can train a model of this shape on
+        block = shape_settings(n_layer, n_embd)["block_size"]
+        return min(data_tokens, flops_per_s * seconds / model_flops_per_token(n_layer, n_embd, block, vocab_size))
+
+    # The largest model that the budget and the text can both feed: past it, a model sees
+    # too few tokens per parameter to beat a smaller one trained longer.
+    fed = [shape for shape in SHAPES if tokens(*shape) >= TOKENS_PER_PARAM * block_params(*shape)]
+    n_layer, n_embd = fed[-1] if fed else SHAPES[0]
+    settings = shape_settings(n_layer, n_embd)
+    block = settings["block_size"] = min(settings["block_size"], val_tokens // 2)
+    total = tokens(n_layer, n_embd)
+    # A batch that gives at most MAX_STEPS steps: enough steps to learn, not so many that
+    # each one's fixed cost (Muon's orthogonalization, Python) dominates.
+    batch = max(8, min(128, 8 * round(total / (block * MAX_STEPS) / 8)))
+    epochs = total / train_tokens
+    # The more often each token is seen, the more the model must be kept from memorizing it.
+    dropout = 0.0 if epochs <= 2 else min(0.3, round(0.1 * math.log2(epochs / 2), 2))
+    whole_val = val_tokens <= EVAL_BATCHES * batch * block  # a small val split is cheap to read whole: exact
+    settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=0 if whole_val else EVAL_BATCHES)
+    reason = (f"{train_tokens:,} training tokens; {n_layer} layers x {n_embd} wide, block {block}, batch {batch}, "
+              f"dropout {dropout:g}: about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)")
+    return settings, max(1, int(data_tokens / (batch * block))), reason
+
+
+def size_run(train_tokens, val_tokens, vocab_size, seconds, rate):
+    """choose_run with this device's training rate, rate(settings) -> FLOP/s, measured on the models
+    it considers: a small one first, then each choice, until the choice stands (small models run at
+    a lower rate than large ones, on a GPU much lower)."""
+    choice = {**shape_settings(*SHAPES[2]), **RECIPE, "batch_size": 16}
+    for _ in range(3):
+        flops_per_s = rate(choice)
+        settings, max_steps, reason = choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds)
+        if all(settings[k] == choice.get(k) for k in ("n_layer", "n_embd", "block_size", "batch_size")):
+            break
+        choice = settings
+    return settings, max_steps, reason
+
+
+def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds, measure, say=print):
+    """cfg (a train.TrainConfig) with the model and training chosen by choose_run for the data and
+    the budget, except what the command line set; and the most steps worth taking on this data.
+    measure(cfg) -> (seconds per step, seconds per evaluation), on this device."""
+
+    def rate(settings):  # training FLOP/s of a model so configured, on this device
+        probe = dataclasses.replace(cfg, **settings)
+        step_s, _ = measure(probe)
+        flops = model_flops_per_token(probe.n_layer, probe.n_embd, probe.block_size, vocab_size)
+        return probe.batch_size * probe.grad_accum * probe.block_size * flops / step_s
+
+    settings, max_steps, reason = size_run(train_tokens, val_tokens, vocab_size, seconds - process_age(), rate)
+    kept = sorted(k for k in settings if k in sources)
+    say(f"no preset: sized for the data. {reason}" + (f" ({', '.join(kept)} as given)" if kept else ""))
+    return dataclasses.replace(cfg, **{k: v for k, v in settings.items() if k not in sources}), max_steps
+
+
+def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, say=print):
+    """cfg with the steps that fit in what is left of the time budget, fixed once: the schedule ends
+    on time. With no preset, evaluations are spread over the run."""
+    left = 0.98 * seconds - process_age()  # 2% for the exit and what the probe could not see
+    spread = "eval_interval" not in sources
+    steps = plan_steps(left, step_s, eval_s, None if spread else cfg.eval_interval, max_steps)
+    if steps < 1:
+        raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} leaves {max(left, 0):.0f} s after "
+                        f"start-up, less than a step ({step_s:.2f} s) and an evaluation ({eval_s:.2f} s); "
+                        "give more time, or a smaller model")
+    changes = {"max_iters": steps, "lr_decay_iters": steps}
+    if spread:
+        changes["eval_interval"] = max(1, math.ceil(steps / EVALS))
+    changes["warmup_iters"] = min(cfg.warmup_iters, max(1, steps // 10))
+    changes = {k: v for k, v in changes.items() if sources.get(k) != "command line"}
+    cfg = dataclasses.replace(cfg, **changes)
+    say(f"time budget {cfg.max_time or DEFAULT_BUDGET}: {cfg.max_iters:,} steps of {step_s * 1000:.0f} ms and an "
+        f"evaluation every {cfg.eval_interval:,} ({eval_s:.1f} s each) in the {left:.0f} s left")
+    return cfg
+
+
+# --- The budget ---------------------------------------------------------------------------
+
+
+def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None):
+    """How many steps fit in seconds_left, when each takes step_s, and an evaluation (with its
+    checkpoints) taking eval_s comes every eval_interval steps and at the end (None: EVALS
+    evaluations spread over the run, and one at the start). At most max_steps."""
+    if eval_interval is None:  # steps * step_s + (EVALS + 1) * eval_s = seconds_left
+        steps = int((seconds_left - (EVALS + 1) * eval_s) / step_s)
+    else:  # steps * step_s + (steps / eval_interval + 1) * eval_s = seconds_left
+        steps = int((seconds_left - eval_s) / (step_s + eval_s / eval_interval))
+    return max(0, min(steps, max_steps or steps))
+
+
+def time_per_call(fn, min_seconds=1.0, min_calls=3, warmup=2, calls=None):
+    """Median seconds per call of fn, after warmup calls (allocations, caches, compilation):
+    at least min_calls, for at least min_seconds, or exactly `calls` when given."""
+    for _ in range(warmup):
+        fn()
+    times, start = [], time.perf_counter()
+    while (len(times) < calls) if calls else (len(times) < min_calls or time.perf_counter() - start < min_seconds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]

@@ -1,0 +1,248 @@
+"""A run sized for its data and its time: the rule, the budget's bookkeeping, early stopping,
+the best model by default, and where a run's files go when nobody says."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+import budget
+import checkpoint
+import sample
+import train
+from config import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "config" / "tiny.toml")
+GFLOPS = 1e9
+
+
+def choose(train_tokens, seconds=300, flops_per_s=50 * GFLOPS, vocab_size=65):
+    settings, max_steps, _ = budget.choose_run(train_tokens, train_tokens // 9, vocab_size, flops_per_s, seconds)
+    return settings, max_steps
+
+
+def size(settings):
+    return budget.block_params(settings["n_layer"], settings["n_embd"])
+
+
+# --- The rule -------------------------------------------------------------------------------
+
+
+def test_less_data_gives_a_smaller_or_more_regularized_model():
+    runs = [choose(tokens)[0] for tokens in (20_000, 200_000, 1_000_000, 30_000_000)]
+    for smaller_data, larger_data in zip(runs, runs[1:]):
+        assert size(smaller_data) <= size(larger_data)
+        assert smaller_data["dropout"] >= larger_data["dropout"]
+        assert size(smaller_data) < size(larger_data) or smaller_data["dropout"] > larger_data["dropout"]
+    assert runs[0]["dropout"] > 0 and runs[-1]["dropout"] == 0  # a small text is seen many times; a large once
+
+
+def test_more_time_gives_a_larger_model_on_plenty_of_data():
+    sizes = [size(choose(30_000_000, seconds=s)[0]) for s in (60, 300, 3600, 36_000)]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+
+
+def test_a_faster_device_gives_a_larger_model():
+    assert size(choose(30_000_000, flops_per_s=20e12)[0]) > size(choose(30_000_000, flops_per_s=50 * GFLOPS)[0])
+
+
+def test_a_small_text_caps_the_steps_at_what_it_can_give():
+    settings, max_steps = choose(20_000, seconds=36_000)
+    tokens_per_step = settings["batch_size"] * settings["block_size"]
+    assert max_steps * tokens_per_step <= budget.MAX_EPOCHS * 20_000 + tokens_per_step
+
+
+def test_the_context_fits_a_tiny_val_split():
+    settings, _, _ = budget.choose_run(2_000, 200, 65, 50 * GFLOPS, 300)
+    assert settings["block_size"] <= 100
+
+
+# --- The budget's bookkeeping -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("5m", 300), ("2h", 7200), ("1h30m", 5400), ("1.5h", 5400),
+                                           ("300", 300), (" 2m ", 120)])
+def test_durations(text, seconds):
+    assert budget.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5 minutes", "m5", "1x", "5m5"])
+def test_a_bad_duration_is_a_user_error(text):
+    with pytest.raises(UserError, match="max_time"):
+        budget.parse_duration(text)
+
+
+@pytest.mark.parametrize("eval_interval", [None, 7, 100])
+def test_planned_steps_and_evaluations_fill_the_time_without_passing_it(eval_interval):
+    step_s, eval_s, seconds = 0.05, 0.4, 120
+    steps = budget.plan_steps(seconds, step_s, eval_s, eval_interval)
+    evals = budget.EVALS + 1 if eval_interval is None else steps // eval_interval + 1
+    assert steps * step_s + evals * eval_s <= seconds + 1e-9
+    assert (steps + 5) * step_s + evals * eval_s > seconds - (eval_s if eval_interval else 0)  # nearly full
+    assert budget.plan_steps(seconds, step_s, eval_s, eval_interval, max_steps=10) == 10
+
+
+def test_fitting_a_preset_to_time_keeps_what_the_command_line_set():
+    cfg = train.TrainConfig(max_iters=2000, lr_decay_iters=2000, eval_interval=250, warmup_iters=100, max_time="2m")
+    sources = {"max_iters": "p.toml", "lr_decay_iters": "p.toml", "eval_interval": "p.toml", "max_time": "command line",
+               "warmup_iters": "command line"}
+    fitted = budget.fit_to_time(cfg, sources, 120, step_s=0.01, eval_s=0.5, say=lambda *a: None)
+    assert fitted.max_iters == fitted.lr_decay_iters == budget.plan_steps(0.98 * 120 - budget.process_age(),
+                                                                           0.01, 0.5, 250)
+    assert fitted.eval_interval == 250 and fitted.warmup_iters == 100
+
+
+def test_no_time_left_is_a_user_error():
+    with pytest.raises(UserError, match="leaves"):
+        budget.fit_to_time(train.TrainConfig(max_time="1s"), {}, 1, step_s=5.0, eval_s=1.0, say=lambda *a: None)
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """Every step takes 10 ms and every evaluation 0.1 s, and the process has just started:
+    the budget's arithmetic, without a clock."""
+    calls = []
+
+    def time_steps(cfg, *args, **kwargs):
+        calls.append(cfg)
+        return 0.01, 0.1
+
+    monkeypatch.setattr(train, "time_steps", time_steps)
+    monkeypatch.setattr(budget, "process_age", lambda: 0.0)
+    return calls
+
+
+def read_log(out_dir):
+    return [json.loads(line) for line in open(Path(out_dir) / "log.jsonl")]
+
+
+def test_no_preset_sizes_the_run_then_fits_its_steps_to_the_budget(data_dir, tmp_path, measured, capsys):
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=4s", "--patience=0"]) == 0
+    out = capsys.readouterr().out
+    assert "no preset: sized for the data" in out and "time budget 4s" in out
+    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    expected = budget.plan_steps(0.98 * 4, 0.01, 0.1)
+    assert saved["max_iters"] == saved["lr_decay_iters"] == expected
+    assert saved["optimizer"] == "muon" and saved["pos"] == "rope"  # the rule's recipe
+    evals = [r["iter"] for r in read_log(tmp_path) if "val_loss" in r]
+    assert evals[-1] == expected and len(evals) == budget.EVALS + 1
+
+
+def test_the_command_line_overrides_the_rule(data_dir, tmp_path, measured):
+    args = [f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=2s", "--n_layer=1", "--batch_size=3",
+            "--max_iters=7"]
+    assert train.main(args) == 0
+    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    assert (saved["n_layer"], saved["batch_size"], saved["max_iters"]) == (1, 3, 7)
+
+
+def test_a_preset_with_max_time_keeps_its_model_and_gets_steps_for_the_time(data_dir, tmp_path, measured):
+    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=3s"]) == 0
+    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    assert (saved["n_layer"], saved["n_embd"]) == (2, 32)  # tiny.toml's
+    assert saved["max_iters"] == budget.plan_steps(0.98 * 3, 0.01, 0.1, saved["eval_interval"])
+    assert len(measured) == 1  # only the steps were measured: no model to choose
+
+
+def test_a_run_stopped_and_resumed_ends_with_the_weights_of_one_that_was_not(data_dir, tmp_path, measured,
+                                                                             monkeypatch):
+    args = [f"--data_dir={data_dir}", "--max_time=3s", "--dropout=0.1", "--patience=0"]
+    assert train.main([*args, f"--out_dir={tmp_path / 'whole'}"]) == 0
+
+    real_step, steps = train.train_step, []
+
+    def interrupted_step(*a, **k):  # Ctrl-C arrives during the 20th step
+        steps.append(1)
+        if len(steps) == 20:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(*a, **k)
+
+    monkeypatch.setattr(train, "train_step", interrupted_step)
+    assert train.main([*args, f"--out_dir={tmp_path / 'split'}"]) == 130
+    monkeypatch.setattr(train, "train_step", real_step)
+    measured.clear()
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'split'}", "--init_from=resume"]) == 0
+    assert measured == []  # the resumed run kept the steps it planned: nothing measured again
+    whole = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
+    split = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
+    assert whole["iter"] == split["iter"] == whole["train_config"]["max_iters"]
+    assert all(torch.equal(whole["model"][k], split["model"][k]) for k in whole["model"])
+
+
+# --- Early stopping and the best model -----------------------------------------------------------
+
+
+def scripted_val_losses(monkeypatch, values):
+    """Evaluations report these val losses in turn (train loss alike)."""
+    values = iter(values)
+
+    def estimate_loss(*args, **kwargs):
+        v = next(values)
+        return {"train": v, "val": v}
+
+    monkeypatch.setattr(train, "estimate_loss", estimate_loss)
+
+
+def test_a_run_stops_when_val_loss_has_not_improved_for_patience_evaluations(data_dir, tmp_path, monkeypatch, capsys):
+    scripted_val_losses(monkeypatch, [3.0, 2.0, 1.5, 1.6, 1.55, 1.7, 1.4, 1.3])
+    args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=70", "--eval_interval=10",
+            "--patience=3"]
+    assert train.main(args) == 0
+    assert "stopped early at iteration 50" in capsys.readouterr().out
+    assert [r["iter"] for r in read_log(tmp_path) if "val_loss" in r] == [0, 10, 20, 30, 40, 50]
+    best = checkpoint.load_checkpoint(tmp_path / "best.pt")
+    assert (best["iter"], best["val_loss"]) == (20, 1.5)  # best.pt holds the best, not the last
+    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 50
+
+
+def test_resuming_a_run_that_stopped_early_does_not_train_on(data_dir, tmp_path, monkeypatch, capsys):
+    scripted_val_losses(monkeypatch, [3.0, 2.0, 2.5, 2.6])
+    args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=70", "--eval_interval=10",
+            "--patience=2"]
+    assert train.main(args) == 0
+    capsys.readouterr()
+    assert train.main([*args, "--init_from=resume"]) == 0
+    assert "stopped early at iteration 30" in capsys.readouterr().out
+    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 30
+
+
+def test_patience_zero_never_stops_early(data_dir, tmp_path, monkeypatch):
+    scripted_val_losses(monkeypatch, [1.0] + [2.0] * 7)
+    args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=70", "--eval_interval=10"]
+    assert train.main([*args, "--patience=0"]) == 0
+    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 70
+
+
+def test_sample_reads_best_pt_when_it_exists_else_ckpt_pt(data_dir, tmp_path, capsys):
+    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=4"]) == 0
+    assert checkpoint.checkpoint_path(tmp_path) == tmp_path / "best.pt"
+    assert checkpoint.checkpoint_path(tmp_path, "ckpt.pt") == tmp_path / "ckpt.pt"
+    (tmp_path / "ckpt.pt").write_text("not read: best.pt is")
+    assert sample.main([f"--out_dir={tmp_path}", "--max_new_tokens=5"]) == 0
+    assert sample.main([f"--out_dir={tmp_path}", "--max_new_tokens=5", "--checkpoint=ckpt.pt"]) == 2
+    os.replace(tmp_path / "best.pt", tmp_path / "ckpt.pt")
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={tmp_path}", "--max_new_tokens=5"]) == 0  # no best.pt: the latest
+
+
+# --- Where a run goes ------------------------------------------------------------------------------
+
+
+def test_out_dir_follows_the_data_when_nobody_sets_it(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert train.main([TINY, f"--data_dir={data_dir}", "--max_iters=2"]) == 0
+    assert (tmp_path / "out" / Path(data_dir).name / "ckpt.pt").is_file()
+
+
+def test_a_presets_out_dir_holds_only_with_its_own_data(tmp_path):
+    preset = tmp_path / "p.toml"
+    preset.write_text('data_dir = "data/a"\nout_dir = "out/p"\n')
+    for argv, expected in [([str(preset)], "out/p"), ([str(preset), "--data_dir=data/b"], "out/b"),
+                           ([str(preset), "--data_dir=data/b", "--out_dir=mine"], "mine"), ([], "out/shakespeare_char")]:
+        sources = {}
+        cfg = train.load_config(train.TrainConfig, argv, sources=sources)
+        assert train.run_out_dir(cfg, sources) == expected
