@@ -5,26 +5,27 @@ saved with torch.save and loaded with weights_only=True, which refuses anything
 else: a file that would run code when unpickled is rejected, not executed.
 """
 
-import os
 from pathlib import Path
 
 import torch
 
 from config import UserError
+from files import write_atomic, write_error
 
 CHECKPOINT_FORMAT = 1
 
 
 def save_checkpoint(state, path):
     """Writes to a temporary file in the same directory, fsyncs, then renames over
-    path, so a crash at any moment leaves the previous checkpoint or the new one."""
+    path, so a crash at any moment leaves the previous checkpoint or the new one.
+    A failed write (a full disk) removes the temporary file and is a UserError."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    then = ("the previous checkpoint is kept: free some space and continue with --init_from=resume"
+            if path.exists() else "nothing was saved: free some space and run again")
+    try:
+        write_atomic(path, lambda f: torch.save(state, f))
+    except OSError as e:
+        raise UserError(f"{write_error(path, e)}; {then}") from None
 
 
 def load_checkpoint(path, device="cpu"):
