@@ -11,7 +11,6 @@ Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import os
 import signal
@@ -28,10 +27,12 @@ from tqdm import tqdm
 
 from checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from config import UserError, cli, load_config, option
-from device import maybe_compile, peak_flops, pick_device, pick_dtype
-from model import GPT, GPTConfig, padded_vocab_size
+from dataset import load_data
+from device import check_device, check_model_fits, maybe_compile, peak_flops, pick_device, pick_dtype
+from files import version
+from model import GPT, MIXERS, POSITIONS, GPTConfig, padded_vocab_size
 from optim import configure_optimizer
-from prepare import open_split, read_meta
+from outdir import RunLock, append_record, start_log
 
 
 @dataclass
@@ -42,45 +43,48 @@ class TrainConfig:
     init_from: str = option("scratch", "'scratch' for a new model, 'resume' to continue out_dir/ckpt.pt")
     overwrite: bool = option(False, "let a scratch run replace a checkpoint already in out_dir")
     # model (see GPTConfig in model.py)
-    n_layer: int = option(6, "number of transformer blocks")
-    n_head: int = option(6, "attention heads per block")
-    n_embd: int = option(384, "width of the residual stream")
-    block_size: int = option(256, "context length in tokens")
-    dropout: float = option(0.2, "dropout probability (0 to turn off)")
+    n_layer: int = option(6, "number of transformer blocks", low=0)
+    n_head: int = option(6, "attention heads per block", low=1)
+    n_embd: int = option(384, "width of the residual stream", low=1)
+    block_size: int = option(256, "context length in tokens", low=1)
+    dropout: float = option(0.2, "dropout probability (0 to turn off)", low=0, below=1)
     bias: bool = option(False, "biases in Linear and LayerNorm layers")
-    mixer: str = option("multihead", "how positions communicate: none, average, head or multihead")
+    mixer: str = option("multihead", "how positions communicate: none, average, head or multihead", choices=MIXERS)
     feedforward: bool = option(True, "a per-position MLP in each block")
     residual: bool = option(True, "residual connections around each sub-layer")
     layernorm: bool = option(True, "pre-norm LayerNorm before each sub-layer and at the end")
-    pos: str = option("learned", "position encoding: learned, sinusoidal, rope (rotary) or none")
+    pos: str = option("learned", "position encoding: learned, sinusoidal, rope (rotary) or none", choices=POSITIONS)
     tie_weights: bool = option(True, "output head shares the token embedding matrix")
     fused_attention: bool = option(True, "use F.scaled_dot_product_attention (False: the written-out math)")
     # optimization
-    batch_size: int = option(64, "sequences per micro-batch, in each process")
-    grad_accum: int = option(1, "micro-batches per optimizer step, in each process")
-    max_iters: int = option(5000, "optimizer steps in the whole run")
-    learning_rate: float = option(1e-3, "peak learning rate, reached after warmup")
-    min_lr: float = option(1e-4, "learning rate at the end of the cosine decay")
-    warmup_iters: int = option(100, "steps of linear warmup from 0")
-    lr_decay_iters: int = option(0, "step where cosine decay reaches min_lr (0: max_iters)")
-    weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only")
-    beta1: float = option(0.9, "AdamW beta1")
-    beta2: float = option(0.99, "AdamW beta2")
-    grad_clip: float = option(1.0, "clip the gradient norm to this (0: no clipping)")
-    optimizer: str = option("adamw", "adamw, or muon: Muon for the matrices inside the blocks, AdamW for the rest")
-    muon_lr: float = option(0.01, "Muon's peak learning rate, on the same warmup and decay as learning_rate")
-    muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum")
-    muon_ns_steps: int = option(5, "Newton-Schulz steps per Muon update")
-    muon_weight_decay: float = option(0.0, "Muon's weight decay")
+    batch_size: int = option(64, "sequences per micro-batch, in each process", low=1)
+    grad_accum: int = option(1, "micro-batches per optimizer step, in each process", low=1)
+    max_iters: int = option(5000, "optimizer steps in the whole run", low=0)
+    learning_rate: float = option(1e-3, "peak learning rate, reached after warmup", above=0)
+    min_lr: float = option(1e-4, "learning rate at the end of the cosine decay", low=0)
+    warmup_iters: int = option(100, "steps of linear warmup from 0", low=0)
+    lr_decay_iters: int = option(0, "step where cosine decay reaches min_lr (0: max_iters)", low=0)
+    weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only", low=0)
+    beta1: float = option(0.9, "AdamW beta1", low=0, below=1)
+    beta2: float = option(0.99, "AdamW beta2", low=0, below=1)
+    grad_clip: float = option(1.0, "clip the gradient norm to this (0: no clipping)", low=0)
+    optimizer: str = option("adamw", "adamw, or muon: Muon for the matrices inside the blocks, AdamW for the rest",
+                            choices=("adamw", "muon"))
+    muon_lr: float = option(0.01, "Muon's peak learning rate, on the same warmup and decay as learning_rate",
+                           above=0)
+    muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum", low=0, below=1)
+    muon_ns_steps: int = option(5, "Newton-Schulz steps per Muon update", low=1)
+    muon_weight_decay: float = option(0.0, "Muon's weight decay", low=0)
     # evaluation and logging
-    eval_interval: int = option(250, "evaluate and checkpoint every this many steps")
-    eval_iters: int = option(200, "batches per loss estimate (0: the whole val split, deterministically)")
-    log_interval: int = option(10, "write a log line every this many steps")
+    eval_interval: int = option(250, "evaluate and checkpoint every this many steps", low=1)
+    eval_iters: int = option(200, "batches per loss estimate (0: the whole val split, deterministically)", low=0)
+    log_interval: int = option(10, "write a log line every this many steps", low=1)
     # system
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
-    dtype: str = option("auto", "auto (CUDA: bf16, else fp16; CPU: fp32), float32, bfloat16, float16")
+    dtype: str = option("auto", "auto (CUDA: bf16, else fp16; CPU: fp32), float32, bfloat16, float16",
+                        choices=("auto", "float32", "bfloat16", "float16"))
     compile: bool = option(False, "torch.compile the model")
-    seed: int = option(1337, "random seed")
+    seed: int = option(1337, "random seed", low=0, high=2**63 - 1)
 
 
 # --- Setup -----------------------------------------------------------------------------
@@ -94,6 +98,16 @@ def model_config(cfg, vocab_size):
                          **{n: getattr(cfg, n) for n in names})
     except ValueError as e:
         raise UserError(f"model config: {e}") from None
+
+
+def check_settings(cfg, device):
+    """Every check that needs nothing from out_dir, done before anything is built or written:
+    the dtype, the data (meta.json and the bins), the model's config and its size."""
+    dtype = pick_dtype(cfg.dtype, torch.device(device).type)
+    meta, splits = load_data(cfg.data_dir, cfg.block_size)
+    mconf = model_config(cfg, meta["vocab_size"])
+    check_model_fits(mconf, cfg.batch_size, cfg.block_size, device, dtype)
+    return dtype, meta, splits, mconf
 
 
 def get_lr(it, cfg):
@@ -172,12 +186,12 @@ def estimate_loss(model, splits, cfg, device, autocast, seed):
 
 
 class StopRequested:
-    """While active, SIGINT and SIGTERM set a flag instead of killing the process:
-    the loop finishes its step, saves, and exits 128 + the signal's number."""
+    """While active, SIGINT, SIGTERM and SIGHUP (a closed terminal) set a flag instead of
+    killing the process: the loop finishes its step, saves, and exits 128 + the signal's number."""
 
     def __enter__(self):
         self.signum = None
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         return self
 
     def handle(self, signum, frame):
@@ -188,35 +202,18 @@ class StopRequested:
             signal.signal(s, handler)
 
 
-def load_data(cfg):
-    """meta.json and memmapped splits, checked against block_size."""
-    meta = read_meta(cfg.data_dir)
-    splits = {split: open_split(cfg.data_dir, split, meta) for split in ("train", "val")}
-    for split, data in splits.items():
-        if len(data) <= cfg.block_size:
-            raise UserError(f"the {split} split of {cfg.data_dir} has {len(data)} tokens, not more than "
-                            f"block_size {cfg.block_size}; lower --block_size or prepare a longer text")
-    return meta, splits
-
-
-def prepare_out_dir(cfg, start_iter):
-    """Makes out_dir, refuses to start over a run that exists, and cuts log.jsonl back
-    to start_iter, so a resumed run's log reads like an uninterrupted one."""
-    out_dir = Path(cfg.out_dir)
-    if cfg.init_from == "scratch" and (out_dir / "ckpt.pt").exists() and not cfg.overwrite:
-        raise UserError(f"{out_dir / 'ckpt.pt'} exists; continue it with --init_from=resume, "
+def read_start(cfg, mconf, meta, device):
+    """The checkpoint to resume from, checked against this run; None for a new run, which
+    must not replace a checkpoint unless told to."""
+    path = Path(cfg.out_dir) / "ckpt.pt"
+    if cfg.init_from == "scratch" and path.exists() and not cfg.overwrite:
+        raise UserError(f"{path} exists; continue it with --init_from=resume, "
                         "start over with --overwrite=true, or pick another --out_dir")
-    log_path = out_dir / "log.jsonl"
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        kept = [] if start_iter == 0 or not log_path.exists() else [
-            line for line in log_path.read_text().splitlines() if json.loads(line)["iter"] <= start_iter]
-        tmp = log_path.with_name("log.jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, log_path)
-    except OSError as e:
-        raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror}); pick another --out_dir") from None
-    return out_dir
+    if cfg.init_from != "resume":
+        return None
+    ckpt = load_checkpoint(path, device)
+    check_resumable(ckpt, mconf, meta, cfg)
+    return ckpt
 
 
 def check_resumable(ckpt, mconf, meta, cfg):
@@ -253,38 +250,43 @@ def main(argv):
     cfg = load_config(TrainConfig, argv, "train.py", __doc__.strip().splitlines()[0])
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
-    device = pick_device(cfg.device)
+    device = check_device(pick_device(cfg.device))
     if ddp:
         local_rank = int(os.environ["LOCAL_RANK"])
         if device.startswith("cuda"):
             device = f"cuda:{local_rank}"
             torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    lock = RunLock(cfg.out_dir)  # taken once everything is checked; held until the run ends
     try:
-        return run(cfg, device, rank, world)
+        return run(cfg, device, rank, world, lock)
     finally:
+        lock.release()
         if ddp:
             dist.destroy_process_group()
 
 
-def run(cfg, device, rank, world):
+def run(cfg, device, rank, world, lock):
     master = rank == 0
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
-    dtype = pick_dtype(cfg.dtype, device_type)
     if cfg.init_from not in ("scratch", "resume"):
         raise UserError(f"init_from must be 'scratch' or 'resume', got {cfg.init_from!r}")
-    meta, splits = load_data(cfg)
-    ckpt = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt", device) if cfg.init_from == "resume" else None
-    out_dir = prepare_out_dir(cfg, ckpt["iter"] if ckpt else 0) if master else Path(cfg.out_dir)
+    dtype, meta, splits, mconf = check_settings(cfg, device)
+    out_dir = Path(cfg.out_dir)
+    seen = version(out_dir / "ckpt.pt")
+    ckpt = read_start(cfg, mconf, meta, device)
 
     torch.manual_seed(cfg.seed)
-    mconf = model_config(cfg, meta["vocab_size"])
     model = GPT(mconf).to(device)
     optimizer = configure_optimizer(model, cfg, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))
+    if master:
+        lock.acquire()  # out_dir is this run's from here on; nothing in it was touched before
+        if version(out_dir / "ckpt.pt") != seen:  # another run wrote it while this one started
+            ckpt = read_start(cfg, mconf, meta, device)
+        start_log(out_dir, ckpt["iter"] if ckpt else 0)
     start_iter, best_val, evaluated = 0, float("inf"), None  # evaluated: the iteration whose eval is done
     if ckpt is not None:
-        check_resumable(ckpt, mconf, meta, cfg)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
@@ -310,10 +312,6 @@ def run(cfg, device, rank, world):
         print(f"{raw_model.num_params():,} parameters; {tokens_per_iter:,} tokens per step: batch "
               f"{cfg.batch_size} x grad_accum {cfg.grad_accum} x {world} process(es) = {sequences_per_iter} "
               f"sequences of {cfg.block_size}; on {device}, {str(dtype).removeprefix('torch.')}")
-
-    def log(record):
-        with open(out_dir / "log.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
 
     def checkpoint(it, val_loss):
         state = {"format": CHECKPOINT_FORMAT, "model": raw_model.state_dict(),
@@ -347,7 +345,7 @@ def run(cfg, device, rank, world):
                 losses = estimate_loss(raw_model, splits, cfg, device, autocast, seed=cfg.seed + it)
                 record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
                           "val_bpc": losses["val"] / math.log(2), "lr": lr}
-                log(record)
+                append_record(out_dir, record)
                 improved = losses["val"] < best_val
                 best_val = min(best_val, losses["val"])
                 state = checkpoint(it, losses["val"])
@@ -377,7 +375,7 @@ def run(cfg, device, rank, world):
                               "tokens_per_s": tok_s}
                     if peak:
                         record["mfu"] = flops * tok_s / peak
-                    log(record)
+                    append_record(out_dir, record)
             if stop.signum is not None:
                 bar.close()
                 if master:
