@@ -29,17 +29,17 @@ def meta_problem(meta):
     if not isinstance(meta, dict):
         return f"holds a JSON {type(meta).__name__}, not an object"
     if not _count(meta.get("format")) or meta["format"] < 1:
-        return f"format must be a whole number, got {meta.get('format')!r}"
+        return f"format must be an integer of at least 1, got {meta.get('format')!r}"
     vocab_size, dtype = meta.get("vocab_size"), meta.get("dtype")
     if not _count(vocab_size) or vocab_size < 1:
-        return f"vocab_size must be a whole number of at least 1, got {vocab_size!r}"
+        return f"vocab_size must be an integer of at least 1, got {vocab_size!r}"
     if dtype not in DTYPES:
         return f"dtype must be {' or '.join(DTYPES)}, got {dtype!r}"
     if vocab_size > np.iinfo(dtype).max + 1:
         return f"vocab_size {vocab_size} does not fit in {dtype} ids"
     for split in ("train_tokens", "val_tokens"):
         if not _count(meta.get(split)):
-            return f"{split} must be a whole number, got {meta.get(split)!r}"
+            return f"{split} must be an integer of at least 0, got {meta.get(split)!r}"
     if meta.get("tokenizer") == "char":
         vocab = meta.get("vocab")
         if not isinstance(vocab, list) or not all(isinstance(ch, str) and len(ch) == 1 for ch in vocab):

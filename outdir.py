@@ -24,7 +24,26 @@ class RunLock:
     def __init__(self, out_dir):
         self.out_dir, self.fd = Path(out_dir), None
 
+    def check_free(self):
+        """A UserError if another run holds the lock now; reads, and writes nothing."""
+        try:
+            fd = os.open(self.out_dir / "lock", os.O_RDONLY)
+        except OSError:  # no lock file, no run
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise self.in_use(fd) from None
+        finally:
+            os.close(fd)
+
+    def in_use(self, fd):
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        return UserError(f"{self.out_dir} is in use by another run (pid {holder}); wait for it to end, "
+                         "or pick another --out_dir")
+
     def acquire(self):
+        """Takes the lock, or raises a UserError naming the run that holds it."""
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(self.out_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -33,10 +52,9 @@ class RunLock:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(self.fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            error = self.in_use(self.fd)
             self.release()
-            raise UserError(f"{self.out_dir} is in use by another run (pid {holder}); wait for it to end, "
-                            "or pick another --out_dir") from None
+            raise error from None
         with contextlib.suppress(OSError):  # the pid is for the message above; a full disk must not stop us
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)

@@ -16,6 +16,8 @@ Inputs stream through in chunks, so memory stays bounded whatever their size:
 char reads them twice (first to find the characters), BPE encodes on every core.
 """
 
+# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
+import quiet_interrupt  # noqa: F401  # isort: skip
 import codecs
 import hashlib
 import itertools
@@ -41,8 +43,7 @@ SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 SHAKESPEARE_BYTES = 1_115_394
 CHUNK_BYTES = 1 << 23  # read and encode 8 MiB at a time
-# What a data set is; swap_in carries anything else in out_dir over (an input.txt, say).
-# The .tmp names are what older versions of this script left behind when killed.
+# A data set (and what older versions left when killed); swap_in carries all else in out_dir over.
 DATASET_FILES = ("train.bin", "val.bin", "meta.json", "tokens.bin.tmp", "val.bin.tmp", "meta.json.tmp")
 
 
@@ -51,8 +52,7 @@ class PrepareConfig:
     input: list[str] = option([], "text file (UTF-8) or directory of *.txt; repeat for more; none: Tiny Shakespeare")
     tokenizer: str = option("char", "char, or a tiktoken encoding: gpt2, r50k_base, cl100k_base, o200k_base, ...")
     out_dir: str = option("", "where to write the bins and meta.json; empty: data/<first input's stem>_<tokenizer>")
-    val_fraction: float = option(0.1, "fraction of the tokens, taken from the end, kept for validation",
-                                 above=0, below=1)
+    val_fraction: float = option(0.1, "fraction of the tokens, from the end, kept for validation", above=0, below=1)
     url: str = option(SHAKESPEARE_URL, "where to fetch Tiny Shakespeare from when no --input is given")
 
 
@@ -98,7 +98,10 @@ def spool(path, dest):
     except OSError as e:
         raise UserError(f"cannot read input file {path} ({e.strerror}); pass a readable text file") from None
     with src, open(dest, "wb") as out:
-        shutil.copyfileobj(src, out, CHUNK_BYTES)
+        while data := src.read(CHUNK_BYTES):
+            if b"\x00" in data:  # /dev/urandom, say, which would fill the disk
+                raise UserError(f"input file {path} looks binary (a NUL byte); pass a text file")
+            out.write(data)
     return dest
 
 
@@ -199,17 +202,22 @@ def split_point(n_tokens, val_fraction, source):
     return n_train
 
 
-def write_dataset(stage, files, shown, tokenizer, val_fraction, source):
+def write_dataset(stage, files, tokenizer, val_fraction, source):
     """Writes train.bin, val.bin and meta.json into the directory stage. Returns the
     tokenizer and (characters, tokens, train tokens)."""
-    total = sum(p.stat().st_size for p in files)
+    shown = {}  # a spooled copy -> the pipe or FIFO it came from
+    for i, path in enumerate(files):
+        if not stat.S_ISREG(path.stat().st_mode):
+            files[i] = spool(path, stage / f"input{i}.spooled")
+            shown[files[i]] = path
+    stats = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    total = sum(size for size, _ in stats)
     if tokenizer is None:
         with progress(total, "finding characters") as bar:  # a first pass, which also checks the files
             texts = (text for path in files for text in read_chunks(path, bar=bar, shown=shown.get(path)))
             separators = ["\n"] if len(files) > 1 else []
             tokenizer = CharTokenizer.from_texts(itertools.chain(texts, separators))
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
-    stats = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     with open(stage / "train.bin", "w+b") as out, progress(total, "encoding") as bar:
         n_tokens, n_chars, sha256 = encode_files(files, shown, tokenizer, dtype, out, bar)
         if [(p.stat().st_size, p.stat().st_mtime_ns) for p in files] != stats:
@@ -227,6 +235,8 @@ def write_dataset(stage, files, shown, tokenizer, val_fraction, source):
             "train_tokens": n_train, "val_tokens": n_tokens - n_train, "source": source,
             "documents": len(files), "sha256": sha256}
     write_atomic(stage / "meta.json", (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode())
+    for copy in shown:
+        copy.unlink()
     return tokenizer, (n_chars, n_tokens, n_train)
 
 
@@ -252,8 +262,7 @@ def download_shakespeare(url, dest):
         dest.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(dest, data)
     except OSError as e:
-        raise UserError(f"{write_error(dest, e)}; nothing was saved: free some space, or pick another --out_dir") \
-            from None
+        raise UserError(f"{write_error(dest, e)}; nothing was saved: free space or pick another --out_dir") from None
     print(f"downloaded Tiny Shakespeare to {dest}")
     return dest
 
@@ -271,21 +280,13 @@ def main(argv):
         files = [download_shakespeare(cfg.url, out_dir / "input.txt")]
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out_dir {out_dir} is a file, not a directory; pick another --out_dir")
-    # A name that is not valid UTF-8 is shown with U+FFFD in its place: meta.json must be UTF-8.
+    # A name that is not valid UTF-8 is shown with U+FFFD in its place (meta.json is UTF-8).
     source = ", ".join(os.fsencode(Path(name).name).decode("utf-8", "replace") for name in cfg.input) or "input.txt"
     # The new data set is built beside out_dir, then swapped in whole: a failure, Ctrl-C or a
     # kill at any moment leaves the old one, complete, and the next run removes the leftovers.
     try:
         with staging_dir(out_dir) as stage:
-            shown = {}  # a spooled copy -> the pipe or FIFO it came from
-            for i, path in enumerate(files):
-                if not stat.S_ISREG(path.stat().st_mode):
-                    files[i] = spool(path, stage / f"input{i}.spooled")
-                    shown[files[i]] = path
-            tokenizer, (n_chars, n_tokens, n_train) = write_dataset(
-                stage, files, shown, tokenizer, cfg.val_fraction, source)
-            for copy in shown:
-                copy.unlink()
+            tokenizer, (n_chars, n_tokens, n_train) = write_dataset(stage, files, tokenizer, cfg.val_fraction, source)
             swap_in(stage, out_dir, replaced=DATASET_FILES)
     except OSError as e:
         raise UserError(f"{write_error(out_dir, e)}; the data set there is as it was: free some space, "

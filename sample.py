@@ -9,6 +9,8 @@ The checkpoint holds all that is needed: the weights, the model's shape and the
 tokenizer. Samples go to stdout, separated by a line of dashes; warnings go to stderr.
 """
 
+# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
+import quiet_interrupt  # noqa: F401  # isort: skip
 import contextlib
 import os
 import sys

@@ -8,6 +8,8 @@ Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt
 (the lowest val loss so far) and OUT_DIR/log.jsonl (one line per logged step).
 """
 
+# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
+import quiet_interrupt  # noqa: F401  # isort: skip
 import contextlib
 import dataclasses
 import functools
@@ -273,6 +275,8 @@ def run(cfg, device, rank, world, lock):
         raise UserError(f"init_from must be 'scratch' or 'resume', got {cfg.init_from!r}")
     dtype, meta, splits, mconf = check_settings(cfg, device)
     out_dir = Path(cfg.out_dir)
+    if master:
+        lock.check_free()  # another run into out_dir is named now, not taken for a finished one
     seen = version(out_dir / "ckpt.pt")
     ckpt = read_start(cfg, mconf, meta, device)
 

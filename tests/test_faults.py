@@ -106,7 +106,7 @@ def test_sigkill_at_any_moment_then_resume_finishes_like_an_uninterrupted_run(
     assert losses(tmp_path) == uninterrupted
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signal_finishes_the_step_saves_and_exits(data_dir, uninterrupted, tmp_path, signum, code):
     proc = start(data_dir, tmp_path)
     wait_for_iter(tmp_path, 8, proc)
