@@ -81,8 +81,8 @@ def kills(cfg, work):
     script("prepare.py", "--input", work / "new.txt", "--out_dir", work / "data" / "whole").communicate()
     duration = time.perf_counter() - t0
     print(f"a whole prepare.py of {len(new) / 1e6:.0f} MB runs {duration:.1f} s here; killing it at random moments")
-    rng, failures = random.Random(cfg.seed), 0
-    for n in range(1, (cfg.n or 20) + 1):
+    rng, failures, n = random.Random(cfg.seed), 0, 0
+    while n < (cfg.n or 20):
         proc = script("prepare.py", "--input", work / "new.txt", "--out_dir", out)
         moment = rng.uniform(0, duration)
         time.sleep(moment)
@@ -90,7 +90,11 @@ def kills(cfg, work):
         proc.communicate()
         found = which_data_set(out, texts)
         failures += found not in ("old", "new")
-        print(f"kill {n:2d} at {moment:4.1f} s (exit {proc.returncode}): data/set holds the {found} data set; "
+        if proc.returncode != -signal.SIGKILL:  # it finished first: not a kill, draw another moment
+            print(f"        at {moment:4.1f} s it had finished: the {found} data set")
+            continue
+        n += 1
+        print(f"kill {n:2d} at {moment:4.1f} s: data/set holds the {found} data set; "
               f"left for the next run to clean: {stray_files(out.parent) or 'nothing'}")
     proc = script("prepare.py", "--input", work / "new.txt", "--out_dir", out)
     proc.communicate()
