@@ -15,6 +15,8 @@ from pathlib import Path
 from config import UserError
 from files import append_line, write_atomic, write_error
 
+LEFT_BY_A_KILL = ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp", "wall_time.json.tmp")
+
 
 class RunLock:
     """out_dir/lock, held from acquire() to release(). The kernel lets go of an flock when
@@ -58,6 +60,8 @@ class RunLock:
         with contextlib.suppress(OSError):  # the pid is for the message above; a full disk must not stop us
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        for name in LEFT_BY_A_KILL:  # half-written by a run killed while saving; ours to remove now
+            (self.out_dir / name).unlink(missing_ok=True)
 
     def release(self):
         if self.fd is not None:
