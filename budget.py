@@ -12,13 +12,20 @@ the learning-rate schedule then ends on time, and the count is stored in the
 checkpoint, so a resumed run continues exactly instead of measuring again.
 """
 
+import copy
 import dataclasses
+import functools
+import io
 import math
 import os
 import re
 import time
 
+import numpy as np
+import torch
+
 from config import UserError
+from dataset import get_batch
 
 DEFAULT_BUDGET = "5m"  # with no preset and no --max_iters: a few minutes of a laptop's time
 _IMPORTED = time.time()
@@ -177,6 +184,41 @@ def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None)
     else:  # steps * step_s + (steps / eval_interval + 1) * eval_s = seconds_left
         steps = int((seconds_left - eval_s) / (step_s + eval_s / eval_interval))
     return max(0, min(steps, max_steps or steps))
+
+
+def time_steps(cfg, splits, device, autocast, world, model, optimizer, scaler, train_step):
+    """(seconds per training step, seconds per evaluation with its checkpoints) of this model,
+    timed on a few real steps of train_step(model, optimizer, scaler, next_batch, x, y). The
+    model, optimizer and scaler are put back as they were, so the run starts as if untouched."""
+    raw = getattr(model, "module", model)  # under DDP
+    raw = getattr(raw, "_orig_mod", raw)  # under torch.compile
+    saved = copy.deepcopy((raw.state_dict(), optimizer.state_dict(), scaler.state_dict()))
+    rng = np.random.default_rng(cfg.seed)
+    batch = functools.partial(get_batch, splits["train"], cfg.batch_size, cfg.block_size, rng, device)
+    x, y = batch()
+
+    def step():
+        nonlocal x, y
+        _, x, y = train_step(model, optimizer, scaler, batch, x, y)
+
+    def forward():
+        with torch.no_grad(), autocast:
+            raw(x, y)[1].item()
+
+    calls = 5 if world > 1 else None  # every process must run the same number of synchronized steps
+    step_s = time_per_call(step, min_seconds=0.5, calls=calls)
+    raw.eval()
+    forward_s = time_per_call(forward, min_seconds=0.2, calls=calls)
+    raw.train()
+    t0 = time.perf_counter()
+    torch.save({"model": raw.state_dict(), "optimizer": optimizer.state_dict()}, io.BytesIO())
+    save_s = 2 * (time.perf_counter() - t0)  # ckpt.pt, and best.pt when val improves
+    raw.load_state_dict(saved[0])
+    optimizer.load_state_dict(saved[1])
+    scaler.load_state_dict(saved[2])
+    optimizer.zero_grad(set_to_none=True)
+    eval_tokens = 2 * (cfg.eval_iters * cfg.batch_size * cfg.block_size or len(splits["val"]))  # val, and train
+    return step_s, eval_tokens / (cfg.batch_size * cfg.block_size) * forward_s + save_s
 
 
 def time_per_call(fn, min_seconds=1.0, min_calls=3, warmup=2, calls=None):

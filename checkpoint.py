@@ -5,26 +5,28 @@ saved with torch.save and loaded with weights_only=True, which refuses anything
 else: a file that would run code when unpickled is rejected, not executed.
 """
 
-import os
+import dataclasses
 from pathlib import Path
 
 import torch
 
 from config import UserError
+from files import write_atomic, write_error
 
 CHECKPOINT_FORMAT = 1
 
 
 def save_checkpoint(state, path):
     """Writes to a temporary file in the same directory, fsyncs, then renames over
-    path, so a crash at any moment leaves the previous checkpoint or the new one."""
+    path, so a crash at any moment leaves the previous checkpoint or the new one.
+    A failed write (a full disk) removes the temporary file and is a UserError."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    then = ("the previous checkpoint is kept: free some space and continue with --init_from=resume"
+            if path.exists() else "nothing was saved: free some space and run again")
+    try:
+        write_atomic(path, lambda f: torch.save(state, f))
+    except OSError as e:
+        raise UserError(f"{write_error(path, e)}; {then}") from None
 
 
 def checkpoint_path(out_dir, name=""):
@@ -57,3 +59,24 @@ def load_checkpoint(path, device="cpu"):
         raise UserError(f"{path} has checkpoint format {ckpt['format']}, newer than this code "
                         f"({CHECKPOINT_FORMAT}); update the code to read it")
     return ckpt
+
+
+def resumed_config(saved, cfg, sources):
+    """The settings the run started with, from its checkpoint, with what a preset or the command
+    line sets now laid over them: a resumed run keeps the choices made at its start (the model
+    sized for the data, the steps its time budget bought) and does not choose again."""
+    known = {f.name for f in dataclasses.fields(cfg)}
+    start = type(cfg)(**{k: v for k, v in saved.items() if k in known})
+    now = {k: getattr(cfg, k) for k in sources} | {"out_dir": cfg.out_dir, "init_from": "resume"}
+    return dataclasses.replace(start, **now)
+
+
+def check_resumable(ckpt, mconf, meta, cfg):
+    """A UserError unless this run's model and tokenizer are the checkpoint's."""
+    path = Path(cfg.out_dir) / "ckpt.pt"
+    now, then = dataclasses.asdict(mconf), ckpt["model_config"]
+    diff = {k: (v, then.get(k)) for k, v in now.items() if then.get(k) != v}
+    if diff:
+        raise UserError(f"cannot resume {path}: the model config differs (now, checkpoint): {diff}")
+    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):
+        raise UserError(f"cannot resume {path}: its tokenizer differs from the one in {cfg.data_dir}")

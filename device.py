@@ -1,10 +1,16 @@
-"""Where the code runs: the device, the dtype, torch.compile, and the peak for MFU."""
+"""Where the code runs: the device, whether a model fits in its memory, the dtype,
+torch.compile, and the peak for MFU."""
 
+import contextlib
+import dataclasses
+import os
 import shutil
+from pathlib import Path
 
 import torch
 
 from config import UserError
+from model import GPT
 
 # Dense bf16 tensor-core peaks, for MFU. A device not listed gets no MFU figure.
 PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
@@ -18,6 +24,80 @@ def pick_device(name):
     if torch.backends.mps.is_available():
         return "mps"
     return "cpu"
+
+
+def check_device(name):
+    """name, if this machine has that device; else a UserError saying what to use."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and torch.cuda.is_available() and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"device {name} does not exist: this machine has {torch.cuda.device_count()} GPU(s), "
+                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
+    if not available.get(device.type, lambda: True)():
+        raise UserError(f"device {name} is not available on this machine; use --device=cpu")
+    return name
+
+
+def memory_size(device):
+    """(bytes, what) of the memory a model on device lives in: the GPU's, or the machine's
+    RAM (for mps too, which shares it), within a container's limit if it sets one."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory, f"{device}'s memory"
+    size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            size = min(size, int(Path(limit_file).read_text()))  # "max" (no limit) is a ValueError
+    return size, "this machine's memory"
+
+
+def training_memory(mconf, batch_size, block_size):
+    """(parameters, bytes) of training mconf on batches of (batch_size, block_size): at
+    least each parameter's fp32 weight, gradient and two AdamW moments (16 bytes), the
+    buffers, what the forward pass keeps for the backward one, and the logits' gradient.
+    Measured on the meta device, which has shapes but no data: no memory and no time,
+    however large the model. The blocks are alike, so models of 0 and 1 block tell all."""
+    def measure(n_layer):
+        with torch.device("meta"):
+            model = GPT(dataclasses.replace(mconf, n_layer=n_layer))
+            idx = torch.zeros(batch_size, block_size, dtype=torch.long)
+        kept = {}  # storage -> bytes: views of one tensor count once
+
+        def keep(t):
+            kept[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            model(idx, idx)
+        return model.num_params(), sum(b.numel() for b in model.buffers()), sum(kept.values())
+
+    (params0, buffers0, kept0), (params1, buffers1, kept1) = measure(0), measure(1)
+    n_params = params0 + mconf.n_layer * (params1 - params0)
+    n_buffers = buffers0 + mconf.n_layer * (buffers1 - buffers0)
+    kept = kept0 + mconf.n_layer * (kept1 - kept0)
+    return n_params, 16 * n_params + 4 * n_buffers + kept + 4 * batch_size * block_size * mconf.vocab_size
+
+
+def check_model_fits(mconf, batch_size, block_size, device, dtype):
+    """Refuses, before it is built, a model whose training cannot fit in the device's memory."""
+    try:
+        n_params, needed = training_memory(mconf, batch_size, block_size)
+    except (RuntimeError, OverflowError) as e:  # sizes past what a tensor can have
+        raise UserError(f"the model is too large to build ({str(e).splitlines()[0][:120]}); "
+                        "make it smaller (--n_layer, --n_embd, --block_size, --batch_size)") from None
+    if dtype.itemsize < 4:
+        needed //= 2  # activations in 16 bits: at least half of it still
+    size, where = memory_size(device)
+    if needed > size:
+        raise UserError(f"training a model of {n_params:,} parameters on batches of {batch_size} x {block_size} "
+                        f"tokens needs at least {gigabytes(needed)}, and {where} is {gigabytes(size)}; make it "
+                        "smaller (--n_layer, --n_embd, --block_size, --batch_size)")
+
+
+def gigabytes(n):
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
 
 
 def pick_dtype(name, device_type):

@@ -10,6 +10,9 @@ OUT/ladder.md and OUT/ladder.json. Run the same command again and a finished run
 is skipped, one stopped part way (Ctrl-C) resumes; --force trains them again.
 """
 
+# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
+import quiet_interrupt  # noqa: F401  # isort: skip
+import contextlib
 import dataclasses
 import json
 import os
@@ -25,8 +28,9 @@ import torch
 
 import train
 from checkpoint import load_checkpoint
-from config import UserError, cli, help_text, load_config, option
-from data import check_block_size, load_data
+from config import BOOL_WORDS, UserError, cli, help_text, load_config, option
+from device import check_device, pick_device
+from files import write_atomic, write_error
 from model import GPT, GPTConfig
 from tokenizer import cpu_count
 
@@ -48,7 +52,8 @@ DESCRIPTION = "Trains every rung in config/ladder/ on one budget and tabulates t
 
 @dataclass
 class LadderConfig:
-    budget: str = option("cpu", "cpu (the presets as written) or gpu (the 5000-step reference settings)")
+    budget: str = option("cpu", "cpu (the presets as written) or gpu (the 5000-step reference settings)",
+                         choices=tuple(BUDGETS))
     rungs: list[str] = option([], "rungs to train, by name or number, e.g. 03_head,4 (none: all)")
     out: str = option("", "where the runs and the table go (empty: out/ladder, or out/ladder_gpu)")
     force: bool = option(False, "train finished or differently configured rungs again, from scratch")
@@ -81,7 +86,8 @@ def split_args(argv):
                             f"({', '.join(own_fields)}) nor a train.py one (python train.py --help)")
         dest = own if name in own_fields else overrides
         dest.append(arg)
-        if not has_value and {**train_fields, **own_fields}[name] is not bool and args:  # --key value
+        is_bool = {**train_fields, **own_fields}[name] is bool
+        if not has_value and args and (not is_bool or args[0].lower() in BOOL_WORDS):  # --key value
             dest.append(args.pop(0))
     return own, overrides
 
@@ -104,8 +110,6 @@ def pick_rungs(wanted):
 
 def budget_args(budget, preset):
     """The --key=value settings that put preset on the budget."""
-    if budget not in BUDGETS:
-        raise UserError(f"budget must be {' or '.join(BUDGETS)}, got {budget!r}")
     settings = dict(BUDGETS[budget])
     if budget == "gpu" and load_config(train.TrainConfig, [str(preset)]).residual:
         settings["n_layer"] = GPU_DEEP_LAYERS
@@ -142,7 +146,9 @@ def train_rung(args, out_dir, resuming):
     t0 = time.perf_counter()
     code = train.main(args)
     if out_dir.is_dir():
-        write_atomic(out_dir / "wall_time.json", json.dumps({"wall_s": before + time.perf_counter() - t0}) + "\n")
+        wall = json.dumps({"wall_s": before + time.perf_counter() - t0}) + "\n"
+        with contextlib.suppress(OSError):  # the time is a nicety: a full disk must not hide the run's exit code
+            write_atomic(out_dir / "wall_time.json", wall.encode())
     return code
 
 
@@ -199,12 +205,6 @@ def markdown(rows, header):
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path, text):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 @cli
 def main(argv):
     own, overrides = split_args(argv)
@@ -224,6 +224,10 @@ def main(argv):
         args = [str(preset) if shown.startswith("..") else shown, *budget_args(cfg.budget, preset), *overrides,
                 f"--out_dir={out_dir}"]
         rung_cfg = load_config(train.TrainConfig, args)
+        try:  # the whole rung, model and data included, so a mistake fails now and not at rung 5
+            train.check_settings(rung_cfg, check_device(pick_device(rung_cfg.device)))
+        except UserError as e:
+            raise UserError(f"rung {preset.stem}: {e}") from None
         state, diff = run_state(out_dir, rung_cfg)
         if state == "different" and not cfg.force:
             shown = ", ".join(f"{k} {a!r} there, {b!r} now" for k, (a, b) in list(diff.items())[:4])
@@ -236,9 +240,6 @@ def main(argv):
             args.append("--init_from=resume")
         plan.append((preset.stem, out_dir, args, state, rung_cfg))
     first_cfg = plan[0][4]
-    _, splits = load_data(first_cfg.data_dir)  # the data is there, or say how to prepare it
-    for _, _, _, _, rung_cfg in plan:
-        check_block_size(splits, rung_cfg.block_size, rung_cfg.data_dir)
 
     rows = []
     for n, (name, out_dir, args, state, _) in enumerate(plan, 1):
@@ -257,9 +258,13 @@ def main(argv):
     header = f"{describe_budget(cfg.budget, first_cfg, overrides)}; machine: {machine()}"
     table = markdown(rows, header)
     print(table, end="")
-    write_atomic(out / "ladder.md", table)
     record = {"budget": cfg.budget, "overrides": overrides, "machine": machine(), "rows": rows}
-    write_atomic(out / "ladder.json", json.dumps(record, indent=2) + "\n")
+    try:
+        write_atomic(out / "ladder.md", table.encode())
+        write_atomic(out / "ladder.json", (json.dumps(record, indent=2) + "\n").encode())
+    except OSError as e:
+        raise UserError(f"{write_error(out, e)}; the runs are kept: free some space and run the same command again") \
+            from None
     print(f"wrote {out / 'ladder.md'} and {out / 'ladder.json'}")
     return 0
 

@@ -12,8 +12,9 @@ attention  for a prompt, the attention weights of every layer (rows) and head
 Needs matplotlib (pip install matplotlib); it writes files and never opens a window.
 """
 
+# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
+import quiet_interrupt  # noqa: F401  # isort: skip
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 
 from checkpoint import checkpoint_path
 from config import UserError, cli, help_text, load_config, option
+from files import write_atomic, write_error
 from model import CausalAverage, MultiHeadAttention, causal_mask
 from sample import load_model
 
@@ -68,13 +70,11 @@ def image_kind(path):
 def save(fig, path):
     """Writes fig to path whole or not at all: an existing image is replaced only by a finished one."""
     path, kind = Path(path), image_kind(path)
-    tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(tmp, format=kind)
-        os.replace(tmp, path)
+        write_atomic(path, lambda f: fig.savefig(f, format=kind))
     except OSError as e:
-        raise UserError(f"cannot write {path} ({e.strerror}); pick another --out") from None
+        raise UserError(f"{write_error(path, e)}; pick another --out") from None
     print(f"wrote {path}")
 
 

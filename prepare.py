@@ -16,12 +16,15 @@ Inputs stream through in chunks, so memory stays bounded whatever their size:
 char reads them twice (first to find the characters), BPE encodes on every core.
 """
 
+# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
+import quiet_interrupt  # noqa: F401  # isort: skip
 import codecs
 import hashlib
 import itertools
 import json
 import os
 import shutil
+import stat
 import sys
 import urllib.error
 import urllib.request
@@ -32,13 +35,16 @@ import numpy as np
 from tqdm import tqdm
 
 from config import UserError, cli, load_config, option
+from dataset import META_FORMAT, open_split, read_meta  # noqa: F401 (read through prepare by older code)
+from files import staging_dir, swap_in, write_atomic, write_error
 from tokenizer import CharTokenizer, TiktokenTokenizer, cpu_count, cut_point, tokenizer_from_meta  # noqa: F401
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 SHAKESPEARE_BYTES = 1_115_394
-META_FORMAT = 1
 CHUNK_BYTES = 1 << 23  # read and encode 8 MiB at a time
+# A data set (and what older versions left when killed); swap_in carries all else in out_dir over.
+DATASET_FILES = ("train.bin", "val.bin", "meta.json", "tokens.bin.tmp", "val.bin.tmp", "meta.json.tmp")
 
 
 @dataclass
@@ -46,63 +52,32 @@ class PrepareConfig:
     input: list[str] = option([], "text file (UTF-8) or directory of *.txt; repeat for more; none: Tiny Shakespeare")
     tokenizer: str = option("char", "char, or a tiktoken encoding: gpt2, r50k_base, cl100k_base, o200k_base, ...")
     out_dir: str = option("", "where to write the bins and meta.json; empty: data/<first input's stem>_<tokenizer>")
-    val_fraction: float = option(0.1, "fraction of the tokens, taken from the end, kept for validation")
+    val_fraction: float = option(0.1, "fraction of the tokens, from the end, kept for validation", above=0, below=1)
     url: str = option(SHAKESPEARE_URL, "where to fetch Tiny Shakespeare from when no --input is given")
-
-
-# --- Reading prepared data -------------------------------------------------------
-
-
-def read_meta(data_dir):
-    path = Path(data_dir) / "meta.json"
-    if not path.is_file():
-        raise UserError(f"{path} not found; run: python prepare.py --input FILE --out_dir {data_dir}")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{path} is not valid JSON; run prepare.py again") from None
-    if meta.get("format", 0) > META_FORMAT:
-        raise UserError(f"{path} is format {meta['format']}, newer than this code ({META_FORMAT}); update the code")
-    return meta
-
-
-def open_split(data_dir, split, meta):
-    """The tokens of one split as a read-only memmap, checked against meta.json."""
-    path = Path(data_dir) / f"{split}.bin"
-    if not path.is_file():
-        raise UserError(f"{path} not found; run prepare.py again for {data_dir}")
-    dtype = np.dtype(meta["dtype"])
-    expected = meta[f"{split}_tokens"]
-    if path.stat().st_size != expected * dtype.itemsize:
-        raise UserError(
-            f"{path} holds {path.stat().st_size} bytes but meta.json says {expected} {dtype.name} tokens; "
-            "run prepare.py again")
-    return np.memmap(path, dtype=dtype, mode="r")
 
 
 # --- Reading text ------------------------------------------------------------------
 
 
-def read_chunks(path, hasher=None, bar=None):
+def read_chunks(path, hasher=None, bar=None, shown=None):
     """Yields the text of a UTF-8 file piece by piece, checking it on the way: the
     UserError for a NUL byte or invalid UTF-8 gives its offset in the file, also when
-    a character's bytes are split between two reads."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"input file {path} not found")
-    if path.stat().st_size == 0:
-        raise UserError(f"input file {path} is empty; pass a file with some text in it")
+    a character's bytes are split between two reads. shown: the file's name in messages
+    (that of the pipe a spooled copy came from)."""
+    shown = Path(shown or path)
     try:
         f = open(path, "rb")
+    except FileNotFoundError:
+        raise UserError(f"input file {shown} not found") from None
     except OSError as e:  # a directory, say, or no permission
-        raise UserError(f"cannot read input file {path} ({e.strerror}); pass a readable text file") from None
+        raise UserError(f"cannot read input file {shown} ({e.strerror}); pass a readable text file") from None
     decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
     with f:
         while data := f.read(CHUNK_BYTES):
             if b"\x00" in data:
-                raise UserError(f"input file {path} looks binary (NUL byte at offset {offset + data.index(0)}); "
+                raise UserError(f"input file {shown} looks binary (NUL byte at offset {offset + data.index(0)}); "
                                 "pass a text file")
-            text = decode(decoder, data, offset, path)
+            text = decode(decoder, data, offset, shown)
             offset += len(data)
             if hasher:
                 hasher.update(data)
@@ -110,7 +85,24 @@ def read_chunks(path, hasher=None, bar=None):
                 bar.update(len(data))
             if text:  # empty when the read ended inside a character's bytes
                 yield text
-        decode(decoder, b"", offset, path, final=True)  # a character cut off by the end of the file
+        if offset == 0:
+            raise UserError(f"input file {shown} is empty; pass a file with some text in it")
+        decode(decoder, b"", offset, shown, final=True)  # a character cut off by the end of the file
+
+
+def spool(path, dest):
+    """Copies a pipe, FIFO or /proc file (which says its size is 0, and may be read only
+    once) to the regular file dest, to be read like any other input."""
+    try:
+        src = open(path, "rb")
+    except OSError as e:
+        raise UserError(f"cannot read input file {path} ({e.strerror}); pass a readable text file") from None
+    with src, open(dest, "wb") as out:
+        while data := src.read(CHUNK_BYTES):
+            if b"\x00" in data:  # /dev/urandom, say, which would fill the disk
+                raise UserError(f"input file {path} looks binary (a NUL byte); pass a text file")
+            out.write(data)
+    return dest
 
 
 def decode(decoder, data, offset, path, final=False):
@@ -175,7 +167,7 @@ def separator(tokenizer, previous):
     return tokenizer.encode_array("\n" if previous.endswith("\n") else "\n\n")
 
 
-def encode_files(files, tokenizer, dtype, out, bar=None):
+def encode_files(files, shown, tokenizer, dtype, out, bar=None):
     """Writes the ids of the files, one document after another, to the open file out,
     a chunk at a time. Returns (tokens, characters, sha256 of all the input bytes)."""
     hasher, threads, n_tokens, n_chars, last = hashlib.sha256(), cpu_count(), 0, 0, ""
@@ -189,7 +181,7 @@ def encode_files(files, tokenizer, dtype, out, bar=None):
         if i:
             write(separator(tokenizer, last))
         carry = ""
-        for text in read_chunks(path, hasher, bar):
+        for text in read_chunks(path, hasher, bar, shown.get(path)):
             text = carry + text
             # Cut at a word boundary, so that no BPE piece straddles two chunks.
             cut = cut_point(text, len(text))
@@ -210,30 +202,42 @@ def split_point(n_tokens, val_fraction, source):
     return n_train
 
 
-def write_atomic(path, data):
-    """Writes bytes to path so that a crash leaves the old file or the new, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_dataset(out_dir, tokens, val_tmp, train_bytes, meta):
-    """Splits the file of all tokens into train.bin and val.bin, each replacing the old
-    file whole, then writes meta.json: its presence means the data set is complete."""
-    with open(tokens, "r+b") as src, open(val_tmp, "wb") as dst:
-        src.seek(train_bytes)
-        shutil.copyfileobj(src, dst, CHUNK_BYTES)
-        src.truncate(train_bytes)
-        for f in (src, dst):
-            f.flush()
-            os.fsync(f.fileno())
-    (out_dir / "meta.json").unlink(missing_ok=True)
-    os.replace(tokens, out_dir / "train.bin")
-    os.replace(val_tmp, out_dir / "val.bin")
-    write_atomic(out_dir / "meta.json", (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode())
+def write_dataset(stage, files, tokenizer, val_fraction, source):
+    """Writes train.bin, val.bin and meta.json into the directory stage. Returns the
+    tokenizer and (characters, tokens, train tokens)."""
+    shown = {}  # a spooled copy -> the pipe or FIFO it came from
+    for i, path in enumerate(files):
+        if not stat.S_ISREG(path.stat().st_mode):
+            files[i] = spool(path, stage / f"input{i}.spooled")
+            shown[files[i]] = path
+    stats = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    total = sum(size for size, _ in stats)
+    if tokenizer is None:
+        with progress(total, "finding characters") as bar:  # a first pass, which also checks the files
+            texts = (text for path in files for text in read_chunks(path, bar=bar, shown=shown.get(path)))
+            separators = ["\n"] if len(files) > 1 else []
+            tokenizer = CharTokenizer.from_texts(itertools.chain(texts, separators))
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
+    with open(stage / "train.bin", "w+b") as out, progress(total, "encoding") as bar:
+        n_tokens, n_chars, sha256 = encode_files(files, shown, tokenizer, dtype, out, bar)
+        if [(p.stat().st_size, p.stat().st_mtime_ns) for p in files] != stats:
+            raise UserError("an input file changed while it was being read; run prepare.py again")
+        n_train = split_point(n_tokens, val_fraction, source)
+        # All the tokens went to train.bin; the last ones move to val.bin.
+        with open(stage / "val.bin", "wb") as val:
+            out.seek(n_train * dtype.itemsize)
+            shutil.copyfileobj(out, val, CHUNK_BYTES)
+            out.truncate(n_train * dtype.itemsize)
+            for f in (out, val):
+                f.flush()
+                os.fsync(f.fileno())
+    meta = {"format": META_FORMAT, **tokenizer.meta(), "vocab_size": tokenizer.vocab_size, "dtype": dtype.name,
+            "train_tokens": n_train, "val_tokens": n_tokens - n_train, "source": source,
+            "documents": len(files), "sha256": sha256}
+    write_atomic(stage / "meta.json", (json.dumps(meta, indent=1, ensure_ascii=False) + "\n").encode())
+    for copy in shown:
+        copy.unlink()
+    return tokenizer, (n_chars, n_tokens, n_train)
 
 
 def download_shakespeare(url, dest):
@@ -254,8 +258,11 @@ def download_shakespeare(url, dest):
         raise UserError(
             f"the file downloaded from {url} has sha256 {digest[:12]}..., expected {SHAKESPEARE_SHA256[:12]}...; "
             "nothing was saved. Try again later, or pass --input FILE")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(dest, data)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(dest, data)
+    except OSError as e:
+        raise UserError(f"{write_error(dest, e)}; nothing was saved: free space or pick another --out_dir") from None
     print(f"downloaded Tiny Shakespeare to {dest}")
     return dest
 
@@ -263,8 +270,6 @@ def download_shakespeare(url, dest):
 @cli
 def main(argv):
     cfg = load_config(PrepareConfig, argv, "prepare.py", __doc__.strip().splitlines()[0])
-    if not 0 < cfg.val_fraction < 1:
-        raise UserError(f"val_fraction must be between 0 and 1 (exclusive), got {cfg.val_fraction}")
     # A named BPE encoding may need a download: find out before any other work.
     tokenizer = None if cfg.tokenizer == "char" else TiktokenTokenizer(cfg.tokenizer)
     if cfg.input:
@@ -273,33 +278,19 @@ def main(argv):
     else:
         out_dir = Path(cfg.out_dir or f"data/shakespeare_{cfg.tokenizer}")
         files = [download_shakespeare(cfg.url, out_dir / "input.txt")]
-    source = ", ".join(Path(name).name for name in cfg.input) or files[0].name
-    stats = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    total = sum(size for size, _ in stats)
-    if tokenizer is None:
-        with progress(total, "finding characters") as bar:  # a first pass, which also checks the files
-            texts = (text for path in files for text in read_chunks(path, bar=bar))
-            separators = ["\n"] if len(files) > 1 else []
-            tokenizer = CharTokenizer.from_texts(itertools.chain(texts, separators))
-    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
-
-    tokens, val_tmp = out_dir / "tokens.bin.tmp", out_dir / "val.bin.tmp"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out_dir {out_dir} is a file, not a directory; pick another --out_dir")
+    # A name that is not valid UTF-8 is shown with U+FFFD in its place (meta.json is UTF-8).
+    source = ", ".join(os.fsencode(Path(name).name).decode("utf-8", "replace") for name in cfg.input) or "input.txt"
+    # The new data set is built beside out_dir, then swapped in whole: a failure, Ctrl-C or a
+    # kill at any moment leaves the old one, complete, and the next run removes the leftovers.
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with open(tokens, "wb") as out, progress(total, "encoding") as bar:
-            n_tokens, n_chars, sha256 = encode_files(files, tokenizer, dtype, out, bar)
-        if [(p.stat().st_size, p.stat().st_mtime_ns) for p in files] != stats:
-            raise UserError("an input file changed while it was being read; run prepare.py again")
-        n_train = split_point(n_tokens, cfg.val_fraction, source)
-        meta = {"format": META_FORMAT, **tokenizer.meta(), "vocab_size": tokenizer.vocab_size, "dtype": dtype.name,
-                "train_tokens": n_train, "val_tokens": n_tokens - n_train, "source": source,
-                "documents": len(files), "sha256": sha256}
-        write_dataset(out_dir, tokens, val_tmp, n_train * dtype.itemsize, meta)
+        with staging_dir(out_dir) as stage:
+            tokenizer, (n_chars, n_tokens, n_train) = write_dataset(stage, files, tokenizer, cfg.val_fraction, source)
+            swap_in(stage, out_dir, replaced=DATASET_FILES)
     except OSError as e:
-        raise UserError(f"cannot write to {out_dir} ({e.strerror}); pick another --out_dir") from None
-    finally:  # after a failure: the old data set stays as it was, and no temporary files
-        tokens.unlink(missing_ok=True)
-        val_tmp.unlink(missing_ok=True)
+        raise UserError(f"{write_error(out_dir, e)}; the data set there is as it was: free some space, "
+                        "or pick another --out_dir") from None
     print(f"{n_chars:,} characters in {len(files)} file(s), {cfg.tokenizer} vocabulary of {tokenizer.vocab_size:,}, "
           f"{n_train:,} train and {n_tokens - n_train:,} val tokens -> {out_dir}")
     return 0

@@ -9,9 +9,12 @@ The checkpoint holds all that is needed: the weights, the model's shape and the
 tokenizer. Samples go to stdout, separated by a line of dashes; warnings go to stderr.
 """
 
+# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
+import quiet_interrupt  # noqa: F401  # isort: skip
 import contextlib
 import os
 import sys
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +22,10 @@ import torch
 
 from checkpoint import checkpoint_path, load_checkpoint
 from config import UserError, cli, load_config, option
-from device import pick_device, pick_dtype
+from device import check_device, pick_device, pick_dtype
 from model import GPT, GPTConfig
 from prepare import tokenizer_from_meta
+from streams import stdout_lost
 
 SEPARATOR = "-" * 40
 
@@ -32,44 +36,26 @@ class SampleConfig:
     checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); empty: best.pt if it exists")
     start: str = option("", "the prompt, or FILE:path to read it from a file; empty starts from a newline")
     prompts: str = option("", "a file of prompts, one a line (blank lines skipped), generated in one batch")
-    num_samples: int = option(1, "how many samples to generate (for each prompt)")
-    max_new_tokens: int = option(500, "tokens to generate in each sample")
-    temperature: float = option(0.8, "below 1 more predictable, above 1 more random; 0 always takes the likeliest")
-    top_k: int | None = option(200, "sample from the k likeliest tokens only (none: no limit)")
-    top_p: float = option(1.0, "sample from the likeliest tokens whose probabilities add up to p (1: no limit)")
-    unknown: str = option("error", "prompt characters the model never saw: error, or skip (drop them, with a warning)")
-    seed: int = option(1337, "random seed: the same seed and settings give the same text")
+    num_samples: int = option(1, "how many samples to generate (for each prompt)", low=1)
+    max_new_tokens: int = option(500, "tokens to generate in each sample", low=0)
+    temperature: float = option(0.8, "below 1 more predictable, above 1 more random; 0 always takes the likeliest",
+                                low=0)
+    top_k: int | None = option(200, "sample from the k likeliest tokens only (none: no limit)", low=1)
+    top_p: float = option(1.0, "sample from the likeliest tokens whose probabilities add up to p (1: no limit)",
+                          above=0, high=1)
+    unknown: str = option("error", "prompt characters the model never saw: error, or skip (drop them, with a warning)",
+                          choices=("error", "skip"))
+    seed: int = option(1337, "random seed: the same seed and settings give the same text", low=0, high=2**63 - 1)
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
-    dtype: str = option("auto", "auto (bf16 on CUDA if supported, else fp16; fp32 on CPU), float32, bfloat16, float16")
+    dtype: str = option("auto", "auto (bf16 on CUDA if supported, else fp16; fp32 on CPU), float32, bfloat16, float16",
+                        choices=("auto", "float32", "bfloat16", "float16"))
     kv_cache: bool = option(True, "keep earlier positions' keys and values (false: recompute the context each token)")
 
 
 def check_config(cfg):
-    if cfg.num_samples < 1:
-        raise UserError(f"num_samples must be at least 1, got {cfg.num_samples}")
-    if cfg.max_new_tokens < 0:
-        raise UserError(f"max_new_tokens must be 0 or more, got {cfg.max_new_tokens}")
-    if not cfg.temperature >= 0:
-        raise UserError(f"temperature must be 0 (greedy) or more, got {cfg.temperature}")
-    if cfg.top_k is not None and cfg.top_k < 1:
-        raise UserError(f"top_k must be at least 1, or none for no limit; got {cfg.top_k}")
-    if not 0 < cfg.top_p <= 1:
-        raise UserError(f"top_p must be more than 0 and at most 1 (1: no limit), got {cfg.top_p}")
-    if cfg.unknown not in ("error", "skip"):
-        raise UserError(f"unknown must be error or skip, got {cfg.unknown!r}")
+    """What the options' ranges (checked by load_config) cannot say."""
     if cfg.start and cfg.prompts:
         raise UserError("--start and --prompts were both given; use one of them")
-
-
-def check_device(name):
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
-    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
-    if not available.get(device.type, lambda: True)():
-        raise UserError(f"device {name} is not available on this machine; use --device=cpu")
-    return name
 
 
 # --- The model and the prompts -------------------------------------------------------
@@ -123,9 +109,22 @@ def where(text, i, source, first_line):
     return f"{source} line {first_line + text.count(chr(10), 0, i)} column {column}"
 
 
+def normalized(text, tokenizer):
+    """text, or its composed (NFC) or decomposed (NFD) Unicode form if the tokenizer knows
+    more of that one's characters: an accent typed as a separate mark (as macOS may
+    write it) or not is the same letter to the reader, but not to a char tokenizer."""
+    forms = {form: unicodedata.normalize(form, text) for form in ("NFC", "NFD")}
+    form = min(forms, key=lambda f: len(tokenizer.unknown(forms[f])))
+    if len(tokenizer.unknown(forms[form])) >= len(tokenizer.unknown(text)):
+        return text
+    print(f"note: the prompt is read in Unicode form {form}, whose characters the model knows", file=sys.stderr)
+    return forms[form]
+
+
 def encode_prompts(prompts, tokenizer, on_unknown):
     """Token ids of each prompt. Characters the tokenizer lacks are an error, all of
     them named in one message, or with on_unknown="skip" dropped with a warning."""
+    prompts = [(normalized(text, tokenizer), source, first_line) for text, source, first_line in prompts]
     found = {}  # character -> where it first appears
     for text, source, first_line in prompts:
         for ch in tokenizer.unknown(text):
@@ -134,6 +133,8 @@ def encode_prompts(prompts, tokenizer, on_unknown):
         listed = ", ".join(f"{ch!r} ({place})" for ch, place in list(found.items())[:10])
         more = f" and {len(found) - 10} more" if len(found) > 10 else ""
         message = f"{len(found)} character(s) the model never saw: {listed}{more}"
+        if any(unicodedata.combining(ch) for ch in found):
+            message += " (accents typed as separate marks; the model knows no other Unicode form of them either)"
         if on_unknown == "error":
             raise UserError(f"the prompt has {message}; remove them, or pass --unknown=skip to drop them")
         print(f"warning: dropped {message}", file=sys.stderr)
@@ -185,6 +186,8 @@ class TextStream:
 
 def write(text):
     print(text, end="", flush=True)  # flushed, so each token shows as soon as it exists
+    if stdout_lost():  # the reader went away (| head): no one to generate for
+        raise BrokenPipeError
 
 
 def generate(model, rows, cfg, tokenizer, top_k, generator):

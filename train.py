@@ -8,12 +8,11 @@ Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt
 (the lowest val loss so far) and OUT_DIR/log.jsonl (one line per logged step).
 """
 
+# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
+import quiet_interrupt  # noqa: F401  # isort: skip
 import contextlib
-import copy
 import dataclasses
 import functools
-import io
-import json
 import math
 import os
 import signal
@@ -29,15 +28,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import budget
-from checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
+from checkpoint import CHECKPOINT_FORMAT, check_resumable, load_checkpoint, resumed_config, save_checkpoint
 from config import UserError, cli, load_config, option
-from device import maybe_compile, peak_flops, pick_device, pick_dtype
-from model import GPT, GPTConfig, padded_vocab_size
+from dataset import check_block_size, estimate_loss, get_batch, load_data
+from device import check_device, check_model_fits, maybe_compile, peak_flops, pick_device, pick_dtype
+from files import version
+from model import GPT, MIXERS, POSITIONS, GPTConfig, padded_vocab_size
 from optim import configure_optimizer
-from data import check_block_size, estimate_loss, get_batch, load_data
+from outdir import RunLock, append_record, run_out_dir, start_log
 
 
 @dataclass
+
+
 class TrainConfig:
     # data and output
     data_dir: str = option("data/shakespeare_char", "directory written by prepare.py")
@@ -45,48 +48,52 @@ class TrainConfig:
     init_from: str = option("scratch", "'scratch' for a new model, 'resume' to continue out_dir/ckpt.pt")
     overwrite: bool = option(False, "let a scratch run replace a checkpoint already in out_dir")
     # model (see GPTConfig in model.py)
-    n_layer: int = option(6, "number of transformer blocks")
-    n_head: int = option(6, "attention heads per block")
-    n_embd: int = option(384, "width of the residual stream")
-    block_size: int = option(256, "context length in tokens")
-    dropout: float = option(0.2, "dropout probability (0 to turn off)")
+    n_layer: int = option(6, "number of transformer blocks", low=0)
+    n_head: int = option(6, "attention heads per block", low=1)
+    n_embd: int = option(384, "width of the residual stream", low=1)
+    block_size: int = option(256, "context length in tokens", low=1)
+    dropout: float = option(0.2, "dropout probability (0 to turn off)", low=0, below=1)
     bias: bool = option(False, "biases in Linear and LayerNorm layers")
-    mixer: str = option("multihead", "how positions communicate: none, average, head or multihead")
+    mixer: str = option("multihead", "how positions communicate: none, average, head or multihead", choices=MIXERS)
     feedforward: bool = option(True, "a per-position MLP in each block")
     residual: bool = option(True, "residual connections around each sub-layer")
     layernorm: bool = option(True, "pre-norm LayerNorm before each sub-layer and at the end")
-    pos: str = option("learned", "position encoding: learned, sinusoidal, rope (rotary) or none")
+    pos: str = option("learned", "position encoding: learned, sinusoidal, rope (rotary) or none", choices=POSITIONS)
     tie_weights: bool = option(True, "output head shares the token embedding matrix")
     fused_attention: bool = option(True, "use F.scaled_dot_product_attention (False: the written-out math)")
     # optimization
-    batch_size: int = option(64, "sequences per micro-batch, in each process")
-    grad_accum: int = option(1, "micro-batches per optimizer step, in each process")
-    max_iters: int = option(5000, "optimizer steps in the whole run")
-    learning_rate: float = option(1e-3, "peak learning rate, reached after warmup")
-    min_lr: float = option(1e-4, "learning rate at the end of the cosine decay")
-    warmup_iters: int = option(100, "steps of linear warmup from 0")
-    lr_decay_iters: int = option(0, "step where cosine decay reaches min_lr (0: max_iters)")
-    weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only")
-    beta1: float = option(0.9, "AdamW beta1")
-    beta2: float = option(0.99, "AdamW beta2")
-    grad_clip: float = option(1.0, "clip the gradient norm to this (0: no clipping)")
-    optimizer: str = option("adamw", "adamw, or muon: Muon for the matrices inside the blocks, AdamW for the rest")
-    muon_lr: float = option(0.01, "Muon's peak learning rate, on the same warmup and decay as learning_rate")
-    muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum")
-    muon_ns_steps: int = option(5, "Newton-Schulz steps per Muon update")
-    muon_weight_decay: float = option(0.0, "Muon's weight decay")
+    batch_size: int = option(64, "sequences per micro-batch, in each process", low=1)
+    grad_accum: int = option(1, "micro-batches per optimizer step, in each process", low=1)
+    max_iters: int = option(5000, "optimizer steps in the whole run", low=0)
+    learning_rate: float = option(1e-3, "peak learning rate, reached after warmup", above=0)
+    min_lr: float = option(1e-4, "learning rate at the end of the cosine decay", low=0)
+    warmup_iters: int = option(100, "steps of linear warmup from 0", low=0)
+    lr_decay_iters: int = option(0, "step where cosine decay reaches min_lr (0: max_iters)", low=0)
+    weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only", low=0)
+    beta1: float = option(0.9, "AdamW beta1", low=0, below=1)
+    beta2: float = option(0.99, "AdamW beta2", low=0, below=1)
+    grad_clip: float = option(1.0, "clip the gradient norm to this (0: no clipping)", low=0)
+    optimizer: str = option("adamw", "adamw, or muon: Muon for the matrices inside the blocks, AdamW for the rest",
+                            choices=("adamw", "muon"))
+    muon_lr: float = option(0.01, "Muon's peak learning rate, on the same warmup and decay as learning_rate",
+                           above=0)
+    muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum", low=0, below=1)
+    muon_ns_steps: int = option(5, "Newton-Schulz steps per Muon update", low=1)
+    muon_weight_decay: float = option(0.0, "Muon's weight decay", low=0)
     # evaluation and logging
     max_time: str = option("", "a time budget for the whole run, e.g. 90s, 5m, 2h: the steps are fitted to it "
                                 f"(empty: {budget.DEFAULT_BUDGET} when neither a preset nor --max_iters sets the steps)")
-    patience: int = option(5, "stop early when val loss has not improved for this many evaluations (0: never)")
-    eval_interval: int = option(250, "evaluate and checkpoint every this many steps")
-    eval_iters: int = option(200, "batches per loss estimate (0: the whole val split, deterministically)")
-    log_interval: int = option(10, "write a log line every this many steps")
+    patience: int = option(5, "stop early when val loss has not improved for this many evaluations (0: never)",
+                           low=0)
+    eval_interval: int = option(250, "evaluate and checkpoint every this many steps", low=1)
+    eval_iters: int = option(200, "batches per loss estimate (0: the whole val split, deterministically)", low=0)
+    log_interval: int = option(10, "write a log line every this many steps", low=1)
     # system
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
-    dtype: str = option("auto", "auto (CUDA: bf16, else fp16; CPU: fp32), float32, bfloat16, float16")
+    dtype: str = option("auto", "auto (CUDA: bf16, else fp16; CPU: fp32), float32, bfloat16, float16",
+                        choices=("auto", "float32", "bfloat16", "float16"))
     compile: bool = option(False, "torch.compile the model")
-    seed: int = option(1337, "random seed")
+    seed: int = option(1337, "random seed", low=0, high=2**63 - 1)
 
 
 # --- Setup -----------------------------------------------------------------------------
@@ -100,6 +107,18 @@ def model_config(cfg, vocab_size):
                          **{n: getattr(cfg, n) for n in names})
     except ValueError as e:
         raise UserError(f"model config: {e}") from None
+
+
+def check_settings(cfg, device, data=None):
+    """Every check that needs nothing from out_dir, done before anything is built or written:
+    the dtype, the data (meta.json and the bins, read here unless given), the model's config
+    and its size."""
+    dtype = pick_dtype(cfg.dtype, torch.device(device).type)
+    meta, splits = data or load_data(cfg.data_dir)
+    check_block_size(splits, cfg.block_size, cfg.data_dir)
+    mconf = model_config(cfg, meta["vocab_size"])
+    check_model_fits(mconf, cfg.batch_size, cfg.block_size, device, dtype)
+    return dtype, meta, splits, mconf
 
 
 def get_lr(it, cfg):
@@ -127,12 +146,12 @@ def step_seed(seed, rank, it):
 
 
 class StopRequested:
-    """While active, SIGINT and SIGTERM set a flag instead of killing the process:
-    the loop finishes its step, saves, and exits 128 + the signal's number."""
+    """While active, SIGINT, SIGTERM and SIGHUP (a closed terminal) set a flag instead of
+    killing the process: the loop finishes its step, saves, and exits 128 + the signal's number."""
 
     def __enter__(self):
         self.signum = None
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         return self
 
     def handle(self, signum, frame):
@@ -143,93 +162,26 @@ class StopRequested:
             signal.signal(s, handler)
 
 
-def prepare_out_dir(cfg, start_iter):
-    """Makes out_dir, refuses to start over a run that exists, and cuts log.jsonl back
-    to start_iter, so a resumed run's log reads like an uninterrupted one."""
-    out_dir = Path(cfg.out_dir)
-    if cfg.init_from == "scratch" and (out_dir / "ckpt.pt").exists() and not cfg.overwrite:
-        raise UserError(f"{out_dir / 'ckpt.pt'} exists; continue it with --init_from=resume, "
-                        "start over with --overwrite=true, or pick another --out_dir")
-    log_path = out_dir / "log.jsonl"
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        kept = [] if start_iter == 0 or not log_path.exists() else [
-            line for line in log_path.read_text().splitlines() if json.loads(line)["iter"] <= start_iter]
-        tmp = log_path.with_name("log.jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, log_path)
-    except OSError as e:
-        raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror}); pick another --out_dir") from None
-    return out_dir
-
-
-def check_resumable(ckpt, mconf, meta, cfg):
+def read_start(cfg, device):
+    """The checkpoint to resume from; None for a new run, which must not replace a
+    checkpoint unless told to."""
     path = Path(cfg.out_dir) / "ckpt.pt"
-    now, then = dataclasses.asdict(mconf), ckpt["model_config"]
-    diff = {k: (v, then.get(k)) for k, v in now.items() if then.get(k) != v}
-    if diff:
-        raise UserError(f"cannot resume {path}: the model config differs (now, checkpoint): {diff}")
-    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):
-        raise UserError(f"cannot resume {path}: its tokenizer differs from the one in {cfg.data_dir}")
-
-
-def run_out_dir(cfg, sources):
-    """out_dir as set on the command line, or by the preset that also names the data; otherwise
-    it follows the data, out/NAME for data/NAME, so runs on different texts never meet."""
-    where = sources.get("out_dir")
-    if cfg.out_dir and (where == "command line" or (where is not None and where == sources.get("data_dir"))):
-        return cfg.out_dir
-    return str(Path("out") / Path(cfg.data_dir).name)
-
-
-def resumed_config(saved, cfg, sources):
-    """The settings the run started with, from its checkpoint, with what a preset or the command
-    line sets now laid over them: a resumed run keeps the choices made at its start (the model
-    sized for the data, the steps its time budget bought) and does not choose again."""
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    start = TrainConfig(**{k: v for k, v in saved.items() if k in known})
-    now = {k: getattr(cfg, k) for k in sources} | {"out_dir": cfg.out_dir, "init_from": "resume"}
-    return dataclasses.replace(start, **now)
+    if cfg.init_from == "scratch" and path.exists() and not cfg.overwrite:
+        raise UserError(f"{path} exists; continue it with --init_from=resume, "
+                        "start over with --overwrite=true, or pick another --out_dir")
+    return load_checkpoint(path, device) if cfg.init_from == "resume" else None
 
 
 def time_steps(cfg, meta, splits, device, dtype, autocast, world, model=None, optimizer=None, scaler=None):
-    """(seconds per training step, seconds per evaluation with its checkpoints) for cfg on this
-    device, from a few real steps. Given a model, its optimizer and scaler, they are put back as
-    they were; without, a model is built for cfg and dropped."""
+    """(seconds per training step, seconds per evaluation with its checkpoints) for cfg here, from
+    a few real steps (budget.time_steps). Without a model, one is built for cfg and dropped."""
     if model is None:
         model = GPT(model_config(cfg, meta["vocab_size"])).to(device)
         optimizer = configure_optimizer(model, cfg, device.split(":")[0])
         scaler = torch.amp.GradScaler(enabled=dtype == torch.float16)
-    raw = model.module if isinstance(model, DDP) else model
-    raw = getattr(raw, "_orig_mod", raw)  # under torch.compile
-    saved = copy.deepcopy((raw.state_dict(), optimizer.state_dict(), scaler.state_dict()))
-    rng = np.random.default_rng(cfg.seed)
-    batch = functools.partial(get_batch, splits["train"], cfg.batch_size, cfg.block_size, rng, device)
-    x, y = batch()
-
-    def step():
-        nonlocal x, y
-        _, x, y = train_step(model, optimizer, scaler, batch, x, y, cfg.grad_accum, autocast, cfg)
-
-    def forward():
-        with torch.no_grad(), autocast:
-            raw(x, y)[1].item()
-
-    calls = 5 if world > 1 else None  # every process must run the same number of synchronized steps
-    step_s = budget.time_per_call(step, min_seconds=0.5, calls=calls)
-    raw.eval()
-    forward_s = budget.time_per_call(forward, min_seconds=0.2, calls=calls)
-    raw.train()
-    t0 = time.perf_counter()
-    torch.save({"model": raw.state_dict(), "optimizer": optimizer.state_dict()}, io.BytesIO())
-    save_s = 2 * (time.perf_counter() - t0)  # ckpt.pt, and best.pt when val improves
-    raw.load_state_dict(saved[0])
-    optimizer.load_state_dict(saved[1])
-    scaler.load_state_dict(saved[2])
-    optimizer.zero_grad(set_to_none=True)
-    eval_tokens = 2 * (cfg.eval_iters * cfg.batch_size * cfg.block_size or len(splits["val"]))  # val, and train
-    eval_s = eval_tokens / (cfg.batch_size * cfg.block_size) * forward_s + save_s
-    return agree_on((step_s, eval_s), device, world)
+    step = functools.partial(train_step, accum=cfg.grad_accum, autocast=autocast, cfg=cfg)
+    return agree_on(budget.time_steps(cfg, splits, device, autocast, world, model, optimizer, scaler, step),
+                    device, world)
 
 
 def agree(flag, device, world):
@@ -267,61 +219,73 @@ def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg)
 
 @cli
 def main(argv):
-    sources = {}  # which settings a preset or the command line gave, and which were left to choose
+    sources = {}  # where each setting came from: a preset, the command line, or neither (free to choose)
     cfg = load_config(TrainConfig, argv, "train.py", __doc__.strip().splitlines()[0], sources=sources)
+    cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
-    device = pick_device(cfg.device)
+    device = check_device(pick_device(cfg.device))
     if ddp:
         local_rank = int(os.environ["LOCAL_RANK"])
         if device.startswith("cuda"):
             device = f"cuda:{local_rank}"
             torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    lock = RunLock(cfg.out_dir)  # taken once everything is checked; held until the run ends
     try:
-        return run(cfg, sources, device, rank, world)
+        return run(cfg, sources, device, rank, world, lock)
     finally:
+        lock.release()
         if ddp:
             dist.destroy_process_group()
 
 
-def run(cfg, sources, device, rank, world):
+def run(cfg, sources, device, rank, world, lock):
     master = rank == 0
-    say = print if master else lambda *args: None
+    say = print if master else (lambda *args: None)
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
-    dtype = pick_dtype(cfg.dtype, device_type)
     if cfg.init_from not in ("scratch", "resume"):
         raise UserError(f"init_from must be 'scratch' or 'resume', got {cfg.init_from!r}")
-    cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
-    meta, splits = load_data(cfg.data_dir)
-    ckpt = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt", device) if cfg.init_from == "resume" else None
+    dtype = pick_dtype(cfg.dtype, device_type)
+    meta, splits = data = load_data(cfg.data_dir)
+    out_dir = Path(cfg.out_dir)
+    if master:
+        lock.check_free()  # another run into out_dir is named now, not taken for a finished one
+    seen = version(out_dir / "ckpt.pt")
+    ckpt = read_start(cfg, device)
     autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
-    seconds, fit_steps, max_steps = None, False, None
+    seconds = max_steps = None
     if ckpt is not None:
         cfg = resumed_config(ckpt["train_config"], cfg, sources)
-    else:
-        # A time budget fixes the steps (and, with no preset, the model) once, here.
+    else:  # a time budget fixes the steps (and with no preset, the model) once, here
         preset = any(where != "command line" for where in sources.values())
-        seconds = budget.parse_duration(cfg.max_time or budget.DEFAULT_BUDGET)
-        fit_steps = bool(cfg.max_time) or (not preset and "max_iters" not in sources)
+        if cfg.max_time or (not preset and "max_iters" not in sources):
+            seconds = budget.parse_duration(cfg.max_time or budget.DEFAULT_BUDGET)
         if not preset:
             measure = functools.partial(time_steps, meta=meta, splits=splits, device=device, dtype=dtype,
                                         autocast=autocast, world=world)
             cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
-                                                  meta["vocab_size"], seconds, measure, say)
-    check_block_size(splits, cfg.block_size, cfg.data_dir)
-    out_dir = prepare_out_dir(cfg, ckpt["iter"] if ckpt else 0) if master else Path(cfg.out_dir)
+                                                  meta["vocab_size"], seconds or budget.parse_duration(
+                                                      budget.DEFAULT_BUDGET), measure, say)
+    mconf = check_settings(cfg, device, data)[3]
+    if ckpt is not None:
+        check_resumable(ckpt, mconf, meta, cfg)
 
     torch.manual_seed(cfg.seed)
-    mconf = model_config(cfg, meta["vocab_size"])
     model = GPT(mconf).to(device)
     optimizer = configure_optimizer(model, cfg, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))
+    if master:
+        lock.acquire()  # out_dir is this run's from here on; nothing in it was touched before
+        if version(out_dir / "ckpt.pt") != seen:  # another run wrote it while this one started
+            ckpt = read_start(cfg, device)
+            if ckpt is not None:
+                check_resumable(ckpt, mconf, meta, cfg)
+        start_log(out_dir, ckpt["iter"] if ckpt else 0)
     start_iter, best_val, evaluated = 0, float("inf"), None  # evaluated: the iteration whose eval is done
     bad_evals = 0  # evaluations in a row without a new best
     if ckpt is not None:
-        check_resumable(ckpt, mconf, meta, cfg)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
@@ -336,11 +300,8 @@ def run(cfg, sources, device, rank, world):
         model = maybe_compile(model, device_type)
     if world > 1:
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
-    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
-                else contextlib.nullcontext())
-    if fit_steps:
-        step_s, eval_s = time_steps(cfg, meta, splits, device, dtype, autocast, world, model=model,
-                                    optimizer=optimizer, scaler=scaler)
+    if seconds is not None:
+        step_s, eval_s = time_steps(cfg, meta, splits, device, dtype, autocast, world, model, optimizer, scaler)
         cfg = budget.fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps, say)
     # batch_size and grad_accum are per process, so one step sees all of this:
     sequences_per_iter = cfg.batch_size * cfg.grad_accum * world
@@ -352,17 +313,28 @@ def run(cfg, sources, device, rank, world):
               f"{cfg.batch_size} x grad_accum {cfg.grad_accum} x {world} process(es) = {sequences_per_iter} "
               f"sequences of {cfg.block_size}; on {device}, {str(dtype).removeprefix('torch.')}")
 
-    def log(record):
-        with open(out_dir / "log.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-
     def checkpoint(it, val_loss):
         state = {"format": CHECKPOINT_FORMAT, "model": raw_model.state_dict(),
                  "model_config": dataclasses.asdict(mconf), "train_config": dataclasses.asdict(cfg),
-                 "meta": meta, "iter": it, "best_val_loss": best_val, "val_loss": val_loss,
-                 "bad_evals": bad_evals, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}
+                 "meta": meta, "iter": it, "best_val_loss": best_val, "val_loss": val_loss, "bad_evals": bad_evals,
+                 "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}
         save_checkpoint(state, out_dir / "ckpt.pt")
         return state
+
+    def evaluate(it, lr):
+        """Estimates the losses and logs them; saves ckpt.pt, and best.pt when val improved."""
+        nonlocal best_val, bad_evals
+        losses = estimate_loss(raw_model, splits, cfg, device, autocast, seed=cfg.seed + it)
+        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
+                  "val_bpc": losses["val"] / math.log(2), "lr": lr}
+        append_record(out_dir, record)
+        improved = losses["val"] < best_val
+        best_val, bad_evals = min(best_val, losses["val"]), 0 if improved else bad_evals + 1
+        state = checkpoint(it, losses["val"])
+        if improved:
+            save_checkpoint(state, out_dir / "best.pt")
+        bar.write(f"step {it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
+                  f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
 
     bar = tqdm(total=cfg.max_iters, initial=start_iter, disable=not master or None, dynamic_ncols=True)
 
@@ -387,18 +359,7 @@ def run(cfg, sources, device, rank, world):
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at muon_lr's scale
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != evaluated:
                 if master:
-                    losses = estimate_loss(raw_model, splits, cfg, device, autocast, seed=cfg.seed + it)
-                    record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
-                              "val_bpc": losses["val"] / math.log(2), "lr": lr}
-                    log(record)
-                    improved = losses["val"] < best_val
-                    best_val = min(best_val, losses["val"])
-                    bad_evals = 0 if improved else bad_evals + 1
-                    state = checkpoint(it, losses["val"])
-                    if improved:
-                        save_checkpoint(state, out_dir / "best.pt")
-                    bar.write(f"step {it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-                              f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
+                    evaluate(it, lr)
                 stop_early = agree(cfg.patience and bad_evals >= cfg.patience, device, world)
             if it >= cfg.max_iters or stop_early:
                 break
@@ -422,7 +383,7 @@ def run(cfg, sources, device, rank, world):
                               "tokens_per_s": tok_s}
                     if peak:
                         record["mfu"] = flops * tok_s / peak
-                    log(record)
+                    append_record(out_dir, record)
             if stop.signum is not None:
                 bar.close()
                 if master:

@@ -17,7 +17,6 @@ at a time: time it on an otherwise idle machine. The table gives each run's best
 scored on the whole val split, in bits per character, and its wall time.
 """
 
-import dataclasses
 import html.parser
 import json
 import math
@@ -36,7 +35,7 @@ sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 import budget  # noqa: E402
 from checkpoint import load_checkpoint  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
-from data import load_data, sequential_batches  # noqa: E402
+from dataset import load_data, sequential_batches  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared/data/tinyshakespeare/input.txt"

@@ -4,41 +4,59 @@
 
 A script's settings are a dataclass whose fields carry their help text. TOML
 presets are laid over the defaults in order, then command-line overrides. TOML
-is parsed (tomllib), never executed, and every key and type is checked.
+is parsed (tomllib), never executed, and every key, type and range is checked.
 """
 
 import dataclasses
 import difflib
 import functools
+import math
+import operator
 import sys
 import tomllib
 import types
 import typing
+
+import quiet_interrupt
+from streams import quiet_on_failure
+
+BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
 
 class UserError(Exception):
     """A mistake the user can fix; scripts print it as one `error:` line, exit 2."""
 
 
-def option(default, help):
-    """A dataclass field with its one-line help."""
+def option(default, help, *, low=None, high=None, above=None, below=None, choices=None):
+    """A dataclass field with its one-line help and the values it allows: at least low,
+    at most high, more than above, less than below, or one of choices. load_config
+    checks them (None, for an optional field, always passes)."""
+    allowed = {k: v for k, v in dict(low=low, high=high, above=above, below=below, choices=choices).items()
+               if v is not None}
+    metadata = {"help": help, "allowed": allowed}
     if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def cli(main):
-    """Wraps main(argv) -> exit code so a UserError becomes one line and exit 2."""
+    """Wraps main(argv) -> exit code so a UserError becomes one line and exit 2, Ctrl-C
+    one line and exit 130, and a closed stdout or stderr stops the printing, not the work."""
 
     @functools.wraps(main)
     def wrapper(argv=None):
-        try:
-            return main(sys.argv[1:] if argv is None else list(argv)) or 0
-        except SystemExit as e:  # --help: printed, and done
-            return e.code or 0
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        quiet_interrupt.restore()  # from here on Ctrl-C is a KeyboardInterrupt, so cleanups run
+        with quiet_on_failure():
+            try:
+                return main(sys.argv[1:] if argv is None else list(argv)) or 0
+            except SystemExit as e:  # --help: printed, and done
+                return e.code or 0
+            except UserError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+            except KeyboardInterrupt:
+                print("interrupted", file=sys.stderr)
+                return 130
 
     return wrapper
 
@@ -73,8 +91,8 @@ def _convert(name, tp, value, source, from_text=False):
     if base is bool:
         if isinstance(value, bool):
             return value
-        if from_text and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-            return value.lower() in ("true", "1", "yes", "on")
+        if from_text and value.lower() in BOOL_WORDS:
+            return BOOL_WORDS[value.lower()]
         raise bad
     if base is int:
         if from_text:
@@ -88,15 +106,46 @@ def _convert(name, tp, value, source, from_text=False):
     if base is float:
         if from_text:
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 raise bad from None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise UserError(f"{source}: {name} must be a finite number, got {value}")
             return float(value)
         raise bad
     if base is str and isinstance(value, str):
         return value
     raise bad
+
+
+def _rule(allowed):
+    """The allowed values in words: 'at least 1', 'at least 0 and less than 1', 'cpu or gpu'."""
+    if "choices" in allowed:
+        choices = [str(c) for c in allowed["choices"]]
+        return "one of " + ", ".join(choices) if len(choices) > 2 else " or ".join(choices)
+    words = {"low": "at least", "above": "more than", "high": "at most", "below": "less than"}
+    return " and ".join(f"{words[k]} {allowed[k]}" for k in words if k in allowed)
+
+
+def _allows(allowed, value):
+    if "choices" in allowed:
+        return value in allowed["choices"]
+    tests = {"low": operator.ge, "above": operator.gt, "high": operator.le, "below": operator.lt}
+    return all(test(value, allowed[k]) for k, test in tests.items() if k in allowed)
+
+
+def check_values(cfg, sources=None):
+    """The one check of every field's range or choices; a UserError names the key, the
+    value and what is allowed, and where the value came from (sources: name -> where)."""
+    for f in dataclasses.fields(cfg):
+        allowed, value = f.metadata.get("allowed"), getattr(cfg, f.name)
+        if not allowed or value is None:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if not _allows(allowed, item):
+                where = (sources or {}).get(f.name, "default")
+                raise UserError(f"{where}: {f.name} must be {_rule(allowed)}, got {item!r}")
 
 
 def _unknown(name, known, source):
@@ -109,7 +158,8 @@ def read_toml(path):
     """The table in a TOML file, or a UserError naming the file and line."""
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            text = f.read().decode("utf-8").removeprefix("\ufeff")  # a byte-order mark, as some editors write
+        return tomllib.loads(text)
     except FileNotFoundError:
         raise UserError(f"config file {path} not found; presets live in config/, e.g. config/tiny.toml") from None
     except IsADirectoryError:
@@ -126,7 +176,8 @@ def help_text(cls, prog, description):
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         lines.append(f"  --{f.name}={default!r}  ({_type_name(hints[f.name])})")
-        lines.append(f"      {f.metadata.get('help', '')}")
+        allowed = f.metadata.get("allowed")
+        lines.append(f"      {f.metadata.get('help', '')}" + (f" ({_rule(allowed)})" if allowed else ""))
     return "\n".join(lines)
 
 
@@ -158,7 +209,8 @@ def load_config(cls, argv, prog="", description="", sources=None):
         base, _ = _base_type(hints[name])
         if not has_value:
             if base is bool:
-                value = "true"  # a bare --flag switches it on
+                # A bare --flag switches it on; --flag false (a space, then a bool) sets it.
+                value = args.pop(0) if args and args[0].lower() in BOOL_WORDS else "true"
             elif args:
                 value = args.pop(0)
             else:
@@ -171,6 +223,8 @@ def load_config(cls, argv, prog="", description="", sources=None):
         else:
             values[name] = value
         origin[name] = "command line"
+    cfg = cls(**values)
+    check_values(cfg, origin)
     if sources is not None:
         sources.update(origin)
-    return cls(**values)
+    return cfg

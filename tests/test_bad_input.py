@@ -7,9 +7,11 @@ contain (the thing it names, or the fix it suggests).
 """
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,6 +57,21 @@ def newer_checkpoint(ws, name="best.pt"):  # best.pt: what sample.py reads when 
 def mismatched_bins(ws):
     data = (ws / "data" / "train.bin").read_bytes()
     write(ws / "data" / "train.bin", data[:-10])
+
+
+def edit_meta(change):
+    """A setup that changes data/meta.json as a hand edit, or another tool, might."""
+    def setup(ws):
+        meta = json.loads((ws / "data" / "meta.json").read_text())
+        write(ws / "data" / "meta.json", json.dumps(change(meta)))
+    return setup
+
+
+def id_past_the_vocabulary(ws):
+    vocab_size = json.loads((ws / "data" / "meta.json").read_text())["vocab_size"]
+    ids = np.fromfile(ws / "data" / "train.bin", dtype=np.uint16)
+    ids[100] = vocab_size
+    ids.tofile(ws / "data" / "train.bin")
 
 
 def train_args(ws, *extra):
@@ -106,6 +123,33 @@ CASES = [
      lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=-3"], "max_new_tokens"),
     ("prompt file that does not exist", "sample", None,
      lambda ws: [f"--out_dir={ws / 'out'}", f"--start=FILE:{ws / 'nope.txt'}"], "not found"),
+    # Every option's range, before anything is built or written
+    *[(f"--{arg} out of range", "train", None, lambda ws, arg=arg: train_args(ws, f"--{arg}"), arg.split("=")[0])
+      for arg in ("n_head=0", "batch_size=0", "eval_interval=0", "log_interval=0", "grad_accum=0", "dropout=1.5",
+                  "learning_rate=-1", "n_layer=-1", "max_iters=-5", "warmup_iters=-1", "beta2=1", "seed=-1",
+                  "mixer=attention", "optimizer=sgd", "dtype=float8")],
+    ("a device this machine does not have", "train", None, lambda ws: train_args(ws, "--device=cuda:99"), "cuda:99"),
+    ("a model too large for this machine", "train", None, lambda ws: train_args(ws, "--n_layer=100000000"),
+     "needs at least"),
+    ("--overwrite=true with a config then rejected", "train", None,
+     lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'out'}", "--overwrite=true", "--n_head=3"],
+     "divisible"),
+    ("sample option out of range", "sample", None, lambda ws: [f"--out_dir={ws / 'out'}", "--seed=-1"], "seed"),
+    ("prepare into an out_dir that is a file", "prepare", lambda ws: write(ws / "a_file", "x"),
+     lambda ws: ["--input", str(ws / "input.txt"), "--out_dir", str(ws / "a_file")], "is a file"),
+    # meta.json, checked field by field when it is read
+    ("meta.json with another dtype", "train", edit_meta(lambda m: {**m, "dtype": "float32"}), train_args,
+     "dtype must be uint16 or uint32"),
+    ("meta.json with a string format", "train", edit_meta(lambda m: {**m, "format": "1"}), train_args,
+     "format must be"),
+    ("meta.json holding a list", "train", edit_meta(lambda m: [m]), train_args, "not an object"),
+    ("meta.json with a vocab shorter than vocab_size", "train", edit_meta(lambda m: {**m, "vocab": m["vocab"][:-1]}),
+     train_args, "vocab lists"),
+    ("meta.json without its vocab", "train", edit_meta(lambda m: {k: v for k, v in m.items() if k != "vocab"}),
+     train_args, "vocab must be"),
+    ("meta.json with a negative token count", "train", edit_meta(lambda m: {**m, "val_tokens": -1}), train_args,
+     "val_tokens"),
+    ("a token id at or past vocab_size", "train", id_past_the_vocabulary, train_args, "token id"),
 ]
 
 
@@ -118,7 +162,7 @@ def test_user_mistake_is_one_error_line_and_changes_nothing(workspace, tmp_path,
         setup(ws)
     before = snapshot(ws)
     capsys.readouterr()
-    assert SCRIPTS[script](args(ws)) == 2
+    assert SCRIPTS[script](args(ws)) == 2, capsys.readouterr()
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), captured.err

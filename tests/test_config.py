@@ -158,3 +158,81 @@ def test_a_string_in_toml_is_not_taken_for_a_number(tmp_path):
     preset.write_text('n_layer = "4"\n')
     with pytest.raises(UserError, match="n_layer must be int"):
         load_config(train.TrainConfig, [str(preset)])
+
+
+@dataclass
+class Ranged:
+    count: int = option(1, "at least one", low=1)
+    fraction: float = option(0.5, "strictly between 0 and 1", above=0, below=1)
+    share: float = option(1.0, "more than 0, at most 1", above=0, high=1)
+    mode: str = option("fast", "one of three", choices=("fast", "slow", "off"))
+    limit: int | None = option(None, "at least 0, or none", low=0)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--count=0"], "count must be at least 1, got 0"),
+    (["--fraction=0"], "fraction must be more than 0 and less than 1, got 0.0"),
+    (["--fraction=1"], "fraction must be more than 0 and less than 1, got 1.0"),
+    (["--share=1.5"], "share must be more than 0 and at most 1, got 1.5"),
+    (["--mode=medium"], "mode must be one of fast, slow, off, got 'medium'"),
+    (["--limit=-1"], "limit must be at least 0, got -1"),
+])
+def test_a_value_out_of_range_names_the_key_the_value_and_the_range(args, says):
+    with pytest.raises(UserError, match="command line: " + says):
+        load_config(Ranged, args)
+
+
+def test_values_in_range_and_none_for_an_optional_pass():
+    cfg = load_config(Ranged, ["--count=1", "--fraction=0.999", "--share=1", "--mode=off", "--limit=none"])
+    assert (cfg.count, cfg.fraction, cfg.share, cfg.mode, cfg.limit) == (1, 0.999, 1.0, "off", None)
+
+
+def test_a_value_out_of_range_in_a_preset_names_the_file(tmp_path):
+    with pytest.raises(UserError, match=r"bad\.toml: count must be at least 1, got -3"):
+        load_config(Ranged, [toml(tmp_path / "bad.toml", "count = -3\n")])
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_float_must_be_finite(value):
+    with pytest.raises(UserError, match="rate must be a finite number"):
+        load_config(Settings, [f"--rate={value}"])
+
+
+def test_every_training_option_with_a_lower_bound_rejects_a_value_below_it():
+    bounded = [f for f in dataclasses.fields(train.TrainConfig) if {"low", "above"} & set(f.metadata["allowed"])]
+    for f in bounded:
+        bound = f.metadata["allowed"].get("low", f.metadata["allowed"].get("above"))
+        with pytest.raises(UserError, match=f"{f.name} must be"):
+            load_config(train.TrainConfig, [f"--{f.name}={bound - 1}"])
+    assert {"n_head", "batch_size", "eval_interval", "log_interval", "grad_accum", "learning_rate",
+            "n_layer", "max_iters", "dropout"} <= {f.name for f in bounded}
+
+
+def test_bool_option_followed_by_a_bool_word_takes_it_as_its_value(tmp_path):
+    assert load_config(Settings, ["--flag", "false"]).flag is False
+    assert load_config(Settings, ["--flag", "off", "--layers=3"]).flag is False
+    assert load_config(Settings, ["--flag", "true"]).flag is True
+    preset = toml(tmp_path / "p.toml", "layers = 7\n")
+    assert load_config(Settings, ["--flag", preset]) == Settings(flag=True, layers=7)  # a file is no bool word
+
+
+def test_a_toml_file_with_a_byte_order_mark_parses(tmp_path):
+    preset = tmp_path / "bom.toml"
+    preset.write_bytes(b"\xef\xbb\xbflayers = 4\n")
+    assert load_config(Settings, [str(preset)]).layers == 4
+
+
+def test_help_says_what_each_ranged_option_allows(capsys):
+    assert train.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "attention heads per block (at least 1)" in out
+    assert "dropout probability (0 to turn off) (at least 0 and less than 1)" in out
+
+
+def test_ctrl_c_in_main_is_one_line_and_exit_130(capsys):
+    @cli
+    def main(argv):
+        raise KeyboardInterrupt
+
+    assert main([]) == 130
+    assert capsys.readouterr().err == "interrupted\n"

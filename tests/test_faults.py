@@ -90,8 +90,10 @@ def test_sigkill_inside_a_checkpoint_write_leaves_one_that_loads(data_dir, unint
         return
     saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")  # the previous one, whole
     assert saved["iter"] > 0
+    assert list(tmp_path.glob("*.tmp"))  # the half-written one (ckpt.pt.tmp or best.pt.tmp)...
     resume_to_the_end(data_dir, tmp_path)
     assert losses(tmp_path) == uninterrupted
+    assert not list(tmp_path.glob("*.tmp"))  # ...removed by the next run
 
 
 @pytest.mark.parametrize("after_iter", [7, 16])
@@ -106,7 +108,7 @@ def test_sigkill_at_any_moment_then_resume_finishes_like_an_uninterrupted_run(
     assert losses(tmp_path) == uninterrupted
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signal_finishes_the_step_saves_and_exits(data_dir, uninterrupted, tmp_path, signum, code):
     proc = start(data_dir, tmp_path)
     wait_for_iter(tmp_path, 8, proc)

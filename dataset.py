@@ -1,0 +1,166 @@
+"""A prepared data set as it is read: meta.json checked field by field, and the token
+files checked against it, so a damaged or hand-edited data set is one error line at
+the start of a run, not a crash at its end; then batches for training and evaluation.
+
+    meta.json   {"format": 1, "tokenizer": "char", "vocab": [...], "vocab_size": 65,
+                 "dtype": "uint16", "train_tokens": N, "val_tokens": M, ...}
+                 ("tiktoken" data sets name an "encoding" instead of listing a vocab)
+    train.bin   train_tokens ids, each below vocab_size, in dtype
+    val.bin     val_tokens ids, likewise
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from config import UserError
+
+META_FORMAT = 1
+DTYPES = ("uint16", "uint32")
+
+
+def _count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def meta_problem(meta):
+    """What is wrong with the contents of a meta.json, in words, or None."""
+    if not isinstance(meta, dict):
+        return f"holds a JSON {type(meta).__name__}, not an object"
+    if not _count(meta.get("format")) or meta["format"] < 1:
+        return f"format must be an integer of at least 1, got {meta.get('format')!r}"
+    vocab_size, dtype = meta.get("vocab_size"), meta.get("dtype")
+    if not _count(vocab_size) or vocab_size < 1:
+        return f"vocab_size must be an integer of at least 1, got {vocab_size!r}"
+    if dtype not in DTYPES:
+        return f"dtype must be {' or '.join(DTYPES)}, got {dtype!r}"
+    if vocab_size > np.iinfo(dtype).max + 1:
+        return f"vocab_size {vocab_size} does not fit in {dtype} ids"
+    for split in ("train_tokens", "val_tokens"):
+        if not _count(meta.get(split)):
+            return f"{split} must be an integer of at least 0, got {meta.get(split)!r}"
+    if meta.get("tokenizer") == "char":
+        vocab = meta.get("vocab")
+        if not isinstance(vocab, list) or not all(isinstance(ch, str) and len(ch) == 1 for ch in vocab):
+            return "vocab must be a list of single characters"
+        if len(set(vocab)) != len(vocab):
+            return "vocab lists a character twice"
+        if len(vocab) != vocab_size:
+            return f"vocab lists {len(vocab)} characters but vocab_size is {vocab_size}"
+    elif meta.get("tokenizer") == "tiktoken":
+        if not isinstance(meta.get("encoding"), str) or not meta["encoding"]:
+            return f"encoding must name a tiktoken encoding, got {meta.get('encoding')!r}"
+    else:
+        return f"tokenizer must be char or tiktoken, got {meta.get('tokenizer')!r}"
+    return None
+
+
+def read_meta(data_dir):
+    """meta.json of a data set, checked; a UserError says what is wrong and how to fix it."""
+    path = Path(data_dir) / "meta.json"
+    again = f"prepare the data again: python prepare.py --input FILE --out_dir {data_dir}"
+    if not path.is_file():
+        raise UserError(f"{path} not found; run: python prepare.py --input FILE --out_dir {data_dir}")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise UserError(f"{path} is not valid JSON; {again}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror}); check its permissions") from None
+    if isinstance(meta, dict) and _count(meta.get("format")) and meta["format"] > META_FORMAT:
+        raise UserError(f"{path} is format {meta['format']}, newer than this code ({META_FORMAT}); update the code")
+    problem = meta_problem(meta)
+    if problem:
+        raise UserError(f"{path}: {problem}; {again}")
+    return meta
+
+
+def open_split(data_dir, split, meta):
+    """The tokens of one split as a read-only memmap, checked against meta.json (from
+    read_meta): the file's size, and every id below vocab_size (one fast pass)."""
+    path = Path(data_dir) / f"{split}.bin"
+    if not path.is_file():
+        raise UserError(f"{path} not found; run prepare.py again for {data_dir}")
+    dtype = np.dtype(meta["dtype"])
+    expected = meta[f"{split}_tokens"]
+    if path.stat().st_size != expected * dtype.itemsize:
+        raise UserError(
+            f"{path} holds {path.stat().st_size} bytes but meta.json says {expected} {dtype.name} tokens; "
+            "run prepare.py again")
+    if expected == 0:
+        return np.zeros(0, dtype=dtype)  # an empty file cannot be memory-mapped
+    data = np.memmap(path, dtype=dtype, mode="r")
+    largest = int(data.max())
+    if largest >= meta["vocab_size"]:
+        raise UserError(f"{path} holds token id {largest}, but meta.json's vocab_size is {meta['vocab_size']}; "
+                        "run prepare.py again")
+    return data
+
+
+def load_data(data_dir, block_size=None):
+    """meta.json and the memmapped train and val splits; with block_size, each split checked
+    to be longer than it."""
+    meta = read_meta(data_dir)
+    splits = {split: open_split(data_dir, split, meta) for split in ("train", "val")}
+    if block_size is not None:
+        check_block_size(splits, block_size, data_dir)
+    return meta, splits
+
+
+def check_block_size(splits, block_size, data_dir):
+    """Each split must hold more than one window of block_size tokens and its next-token target."""
+    for split, data in splits.items():
+        if len(data) <= block_size:
+            raise UserError(f"the {split} split of {data_dir} has {len(data)} tokens, not more than "
+                            f"block_size {block_size}; lower --block_size or prepare a longer text")
+
+
+# --- Batches -------------------------------------------------------------------------------
+
+
+def get_batch(data, batch_size, block_size, rng, device):
+    """batch_size random windows of data: inputs (B, T) and next-token targets (B, T)."""
+    starts = rng.integers(0, len(data) - block_size, size=batch_size)
+    x = np.stack([data[s : s + block_size] for s in starts]).astype(np.int64)
+    y = np.stack([data[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    if device.startswith("cuda"):
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def sequential_batches(data, block_size, batch_size, n_windows, device):
+    """n_windows non-overlapping windows from the start of data, batch by batch."""
+    n_windows = min(n_windows, (len(data) - 1) // block_size)
+    for first in range(0, n_windows, batch_size):
+        starts = range(first * block_size, min(first + batch_size, n_windows) * block_size, block_size)
+        x = np.stack([data[s : s + block_size] for s in starts]).astype(np.int64)
+        y = np.stack([data[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64)
+        yield torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+
+
+@torch.no_grad()
+def estimate_loss(model, splits, cfg, device, autocast, seed):
+    """Mean loss per split. eval_iters > 0: that many random batches (seeded, so the
+    training data order is untouched). eval_iters = 0: the whole val split in
+    non-overlapping windows, and as many train tokens from the train split's start."""
+    model.eval()
+    out = {}
+    for name, data in splits.items():
+        if cfg.eval_iters > 0:
+            rng = np.random.default_rng(seed)
+            batches = (get_batch(data, cfg.batch_size, cfg.block_size, rng, device) for _ in range(cfg.eval_iters))
+        else:
+            n_windows = (len(splits["val"]) - 1) // cfg.block_size
+            batches = sequential_batches(data, cfg.block_size, 4 * cfg.batch_size, n_windows, device)
+        total, count = 0.0, 0
+        for x, y in batches:
+            with autocast:
+                _, loss = model(x, y)
+            total += loss.item() * y.numel()
+            count += y.numel()
+        out[name] = total / count
+    model.train()
+    return out
