@@ -32,6 +32,8 @@ from device import maybe_compile, peak_flops, pick_device, pick_dtype
 from model import GPT, GPTConfig, padded_vocab_size
 from optim import configure_optimizer
 from prepare import open_split, read_meta
+from score import mean_loss
+from weights import finetune_config, load_into, load_source, resume_config
 
 
 @dataclass
@@ -39,7 +41,8 @@ class TrainConfig:
     # data and output
     data_dir: str = option("data/shakespeare_char", "directory written by prepare.py")
     out_dir: str = option("out", "where checkpoints and log.jsonl go")
-    init_from: str = option("scratch", "'scratch' for a new model, 'resume' to continue out_dir/ckpt.pt")
+    init_from: str = option("scratch", "scratch (a new model), resume (out_dir/ckpt.pt), a checkpoint file to "
+                            "fine-tune, or GPT-2: gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a Hugging Face directory")
     overwrite: bool = option(False, "let a scratch run replace a checkpoint already in out_dir")
     # model (see GPTConfig in model.py)
     n_layer: int = option(6, "number of transformer blocks")
@@ -54,6 +57,7 @@ class TrainConfig:
     layernorm: bool = option(True, "pre-norm LayerNorm before each sub-layer and at the end")
     pos: str = option("learned", "position encoding: learned, sinusoidal, rope (rotary) or none")
     tie_weights: bool = option(True, "output head shares the token embedding matrix")
+    gelu: str = option("exact", "the feed-forward's GELU: exact, or tanh (GPT-2's approximation)")
     fused_attention: bool = option(True, "use F.scaled_dot_product_attention (False: the written-out math)")
     # optimization
     batch_size: int = option(64, "sequences per micro-batch, in each process")
@@ -133,32 +137,22 @@ def get_batch(data, batch_size, block_size, rng, device):
     return x.to(device), y.to(device)
 
 
-def sequential_batches(data, block_size, batch_size, n_windows, device):
-    """n_windows non-overlapping windows from the start of data, batch by batch."""
-    n_windows = min(n_windows, (len(data) - 1) // block_size)
-    for first in range(0, n_windows, batch_size):
-        starts = range(first * block_size, min(first + batch_size, n_windows) * block_size, block_size)
-        x = np.stack([data[s : s + block_size] for s in starts]).astype(np.int64)
-        y = np.stack([data[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64)
-        yield torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-
-
 @torch.no_grad()
 def estimate_loss(model, splits, cfg, device, autocast, seed):
     """Mean loss per split. eval_iters > 0: that many random batches (seeded, so the
-    training data order is untouched). eval_iters = 0: the whole val split in
-    non-overlapping windows, and as many train tokens from the train split's start."""
+    training data order is untouched). eval_iters = 0: every token of the val split,
+    scored as score.py scores a file, and as many train tokens from the train split's start."""
     model.eval()
     out = {}
     for name, data in splits.items():
-        if cfg.eval_iters > 0:
-            rng = np.random.default_rng(seed)
-            batches = (get_batch(data, cfg.batch_size, cfg.block_size, rng, device) for _ in range(cfg.eval_iters))
-        else:
-            n_windows = (len(splits["val"]) - 1) // cfg.block_size
-            batches = sequential_batches(data, cfg.block_size, 4 * cfg.batch_size, n_windows, device)
+        if cfg.eval_iters == 0:
+            tokens = data[: len(splits["val"])]  # train: as many tokens as val has
+            out[name] = mean_loss(model, tokens, cfg.block_size, 4 * cfg.batch_size, device, autocast)
+            continue
+        rng = np.random.default_rng(seed)
         total, count = 0.0, 0
-        for x, y in batches:
+        for _ in range(cfg.eval_iters):
+            x, y = get_batch(data, cfg.batch_size, cfg.block_size, rng, device)
             with autocast:
                 _, loss = model(x, y)
             total += loss.item() * y.numel()
@@ -203,7 +197,7 @@ def prepare_out_dir(cfg, start_iter):
     """Makes out_dir, refuses to start over a run that exists, and cuts log.jsonl back
     to start_iter, so a resumed run's log reads like an uninterrupted one."""
     out_dir = Path(cfg.out_dir)
-    if cfg.init_from == "scratch" and (out_dir / "ckpt.pt").exists() and not cfg.overwrite:
+    if cfg.init_from != "resume" and (out_dir / "ckpt.pt").exists() and not cfg.overwrite:
         raise UserError(f"{out_dir / 'ckpt.pt'} exists; continue it with --init_from=resume, "
                         "start over with --overwrite=true, or pick another --out_dir")
     log_path = out_dir / "log.jsonl"
@@ -217,16 +211,6 @@ def prepare_out_dir(cfg, start_iter):
     except OSError as e:
         raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror}); pick another --out_dir") from None
     return out_dir
-
-
-def check_resumable(ckpt, mconf, meta, cfg):
-    path = Path(cfg.out_dir) / "ckpt.pt"
-    now, then = dataclasses.asdict(mconf), ckpt["model_config"]
-    diff = {k: (v, then.get(k)) for k, v in now.items() if then.get(k) != v}
-    if diff:
-        raise UserError(f"cannot resume {path}: the model config differs (now, checkpoint): {diff}")
-    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):
-        raise UserError(f"cannot resume {path}: its tokenizer differs from the one in {cfg.data_dir}")
 
 
 def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg):
@@ -271,20 +255,29 @@ def run(cfg, device, rank, world):
     master = rank == 0
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
     dtype = pick_dtype(cfg.dtype, device_type)
-    if cfg.init_from not in ("scratch", "resume"):
-        raise UserError(f"init_from must be 'scratch' or 'resume', got {cfg.init_from!r}")
     meta, splits = load_data(cfg)
-    ckpt = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt", device) if cfg.init_from == "resume" else None
+    ckpt = source = None
+    if cfg.init_from == "scratch":
+        mconf = model_config(cfg, meta["vocab_size"])
+    elif cfg.init_from == "resume":
+        ckpt = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt", device)
+        mconf = resume_config(ckpt, cfg, meta, Path(cfg.out_dir) / "ckpt.pt")
+    else:  # fine-tuning: the weights' shape, this run's data, optimizer and schedule
+        source = load_source(cfg.init_from, cfg.out_dir)
+        mconf = finetune_config(source, cfg, meta)
     out_dir = prepare_out_dir(cfg, ckpt["iter"] if ckpt else 0) if master else Path(cfg.out_dir)
 
     torch.manual_seed(cfg.seed)
-    mconf = model_config(cfg, meta["vocab_size"])
-    model = GPT(mconf).to(device)
+    model = GPT(mconf)
+    if source is not None:
+        note = load_into(model, source, meta)
+        if master:
+            print(note)
+    model = model.to(device)
     optimizer = configure_optimizer(model, cfg, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))
     start_iter, best_val, evaluated = 0, float("inf"), None  # evaluated: the iteration whose eval is done
     if ckpt is not None:
-        check_resumable(ckpt, mconf, meta, cfg)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])

@@ -1,0 +1,158 @@
+"""Starting a run from weights that exist: fine-tuning a checkpoint, or GPT-2, on new data.
+
+    python train.py config/shakespeare_char_cpu_fast.toml --init_from=out/shakespeare_char_cpu_fast/ckpt.pt \\
+        --data_dir=data/notes_char --out_dir=out/notes_finetuned
+    python train.py config/finetune_shakespeare_gpt2.toml   # --init_from=gpt2
+
+The weights fix the model's shape (layers, heads, width, switches); the new run
+brings its data, block_size, dropout, optimizer and schedule, from iteration 0.
+BPE data must use the weights' encoding. Character data may have other
+characters: each one the weights know keeps its rows of the embedding (and of
+the head), moved to its id in the new vocabulary; a new one starts from a fresh
+row, as a model trained from scratch would.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import gpt2
+from checkpoint import load_checkpoint
+from config import UserError
+from model import GPTConfig, padded_vocab_size
+
+# What the command line sets in a fine-tuned or resumed run, whatever the weights were trained with.
+RUN_KEYS = {"vocab_size", "real_vocab_size", "block_size", "dropout", "fused_attention"}
+VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # one row per token
+
+
+@dataclass
+class Source:
+    """Weights to start from, with what is needed to use them."""
+
+    name: str  # for messages: a checkpoint's path, or gpt2-medium
+    model_config: dict  # GPTConfig's fields, as a checkpoint stores them
+    state: dict  # model.GPT's state dict
+    meta: dict  # the tokenizer they were trained with, as in meta.json
+
+
+def load_source(init_from, out_dir):
+    """The weights --init_from names: GPT-2 (a name or a directory), or a checkpoint file."""
+    if gpt2.is_gpt2(init_from):
+        config, state, meta = gpt2.load(init_from)
+        return Source(init_from, dataclasses.asdict(config), state, meta)
+    path = Path(init_from)
+    if not path.is_file():
+        raise UserError(f"init_from {init_from!r} not found: use scratch, resume, {', '.join(gpt2.SIZES)}, "
+                        "a checkpoint file (ckpt.pt or best.pt) or a directory in the Hugging Face layout")
+    if path.resolve().parent == Path(out_dir).resolve():
+        raise UserError(f"--out_dir={out_dir} holds {path}, which fine-tuning would overwrite; pick another --out_dir")
+    ckpt = load_checkpoint(path)
+    if "meta" not in ckpt:
+        raise UserError(f"{path} holds no tokenizer (meta); it was not written by this train.py")
+    return Source(str(path), ckpt["model_config"], ckpt["model"], ckpt["meta"])
+
+
+# --- The new model's shape -------------------------------------------------------------------------
+
+
+def model_config_like(stored, cfg, vocab_size, source):
+    """The GPTConfig for weights shaped like `stored` (a model_config dict) on data of
+    vocab_size tokens, with cfg's RUN_KEYS. A shape key that cfg sets, away from its
+    default, to another value than the weights have is a mistake, not a wish."""
+    defaults = type(cfg)()
+    shape = {}
+    for field in dataclasses.fields(GPTConfig):
+        if field.name in RUN_KEYS:
+            continue
+        theirs, ours = stored.get(field.name, field.default), getattr(cfg, field.name)
+        if ours != getattr(defaults, field.name) and ours != theirs:
+            raise UserError(f"--{field.name}={ours} (from a preset or the command line) contradicts {source}, whose "
+                            f"{field.name} is {theirs}: the weights fix the model's shape; drop it or pass "
+                            f"--{field.name}={theirs}")
+        shape[field.name] = theirs
+    try:
+        return GPTConfig(vocab_size=padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
+                         block_size=cfg.block_size, dropout=cfg.dropout, fused_attention=cfg.fused_attention, **shape)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"model config: {e}") from None
+
+
+def resume_config(ckpt, cfg, meta, path):
+    """The model of the run that wrote ckpt, its shape read from there, so a fine-tuned
+    run resumes with the command that began it; a UserError if cfg or the data differ."""
+    mconf = model_config_like(ckpt["model_config"], cfg, meta["vocab_size"], path)
+    then = {f.name: f.default for f in dataclasses.fields(GPTConfig)} | ckpt["model_config"]  # older: defaults
+    diff = {k: (v, then.get(k)) for k, v in dataclasses.asdict(mconf).items() if then.get(k) != v}
+    if diff:
+        raise UserError(f"cannot resume {path}: the model config differs (now, checkpoint): {diff}")
+    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):
+        raise UserError(f"cannot resume {path}: its tokenizer differs from the one in {cfg.data_dir}")
+    return mconf
+
+
+def describe(meta):
+    return "character" if meta.get("tokenizer") == "char" else f"{meta.get('encoding')} BPE"
+
+
+def finetune_config(source, cfg, meta):
+    """The model for fine-tuning source on the data of meta (meta.json), or a UserError
+    if the two cannot go together."""
+    theirs = source.meta
+    if (theirs.get("tokenizer"), theirs.get("encoding")) != (meta.get("tokenizer"), meta.get("encoding")):
+        flag = "char" if theirs.get("tokenizer") == "char" else theirs.get("encoding")
+        raise UserError(f"{source.name} reads {describe(theirs)} tokens, but {cfg.data_dir} holds {describe(meta)} "
+                        f"tokens; prepare the text again: python prepare.py --input FILE --tokenizer={flag}")
+    if theirs.get("tokenizer") != "char" and theirs.get("vocab_size") != meta.get("vocab_size"):
+        raise UserError(f"{source.name} knows {theirs.get('vocab_size')} {describe(theirs)} tokens, {cfg.data_dir} "
+                        f"{meta.get('vocab_size')}: another tiktoken prepared them; prepare the data again")
+    mconf = model_config_like(source.model_config, cfg, meta["vocab_size"], source.name)
+    learned = source.model_config.get("block_size")
+    if mconf.pos == "learned" and cfg.block_size > learned:
+        raise UserError(f"--block_size={cfg.block_size} is longer than {source.name}'s {learned}: its position "
+                        f"embeddings stop there; pass --block_size={learned} or less")
+    return mconf
+
+
+# --- Copying the weights in ---------------------------------------------------------------------------
+
+
+def char_map(theirs, ours):
+    """(our ids, their ids) of the characters both vocabularies have, and our new ones."""
+    old = {ch: i for i, ch in enumerate(theirs)}
+    kept = [(i, old[ch]) for i, ch in enumerate(ours) if ch in old]
+    return [i for i, _ in kept], [j for _, j in kept], [ch for ch in ours if ch not in old]
+
+
+@torch.no_grad()
+def load_into(model, source, meta):
+    """Copies source's weights into model, freshly initialized for the data of meta:
+    with characters, token rows by character (new ones keep their fresh rows);
+    position rows up to block_size; everything else whole. Returns a line saying
+    what was done."""
+    chars = meta.get("tokenizer") == "char"
+    ours, theirs, new = char_map(source.meta["vocab"], meta["vocab"]) if chars else (None, None, [])
+    own = model.state_dict()  # shares storage with the parameters: writing it writes them
+    for name, tensor in source.state.items():
+        if name not in own:
+            raise UserError(f"{source.name} does not fit this version of model.py ({name}); "
+                            "fine-tune with the code that trained it")
+        target = own[name]
+        if name in VOCAB_ROWS and chars:
+            target[ours] = tensor[theirs].to(target.dtype)
+        elif name == "wpe.weight":
+            target.copy_(tensor[: target.size(0)])  # positions past block_size are never used
+        elif target.shape == tensor.shape:
+            target.copy_(tensor)
+        else:
+            raise UserError(f"{source.name}: {name} is {tuple(tensor.shape)}, the model needs {tuple(target.shape)}")
+    missing = sorted(set(own) - set(source.state))
+    if missing:
+        raise UserError(f"{source.name} has no weights for {missing[0]}; fine-tune with the code that trained it")
+    if not chars:
+        return f"fine-tuning {source.name} on {describe(meta)} tokens"
+    shown = ", ".join(repr(ch) for ch in new[:10]) + (", ..." if len(new) > 10 else "")
+    return (f"fine-tuning {source.name}: {len(new)} of the {len(ours) + len(new)} characters in the data are new to it"
+            + (f" ({shown}), starting from fresh rows" if new else ""))
