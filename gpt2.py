@@ -54,14 +54,14 @@ def quiet(logger_name):
 def download(name):
     """The directory in the hub's cache holding `name`'s config.json and model.safetensors."""
     try:
-        import huggingface_hub
+        from huggingface_hub import hf_hub_download  # imported before quiet(): importing sets the hub's log level
     except ImportError:
         raise UserError(f"--init_from={name} downloads GPT-2 from the Hugging Face hub, which needs optional packages: "
                         f"{INSTALL}; or pass a directory holding its config.json and model.safetensors") from None
     repo = f"{HUB_OWNER}/{name}"
     try:
         with quiet("huggingface_hub"):
-            paths = [huggingface_hub.hf_hub_download(repo, f) for f in ("config.json", "model.safetensors")]
+            paths = [hf_hub_download(repo, f) for f in ("config.json", "model.safetensors")]
     except (OSError, ValueError) as e:  # the hub's errors (offline, not found, HTTP) are OSErrors
         raise UserError(f"could not get {repo} from the Hugging Face hub ({type(e).__name__}) and it is not in its "
                         f"cache: connect once to download it ({SIZES[name]} parameters), or pass --init_from=DIR, "
