@@ -3,6 +3,7 @@
     python train.py config/shakespeare_char_cpu.toml
     python train.py config/shakespeare_char.toml --compile=true --max_iters=2000
     torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_char.toml
+    python train.py config/finetune_shakespeare_gpt2.toml    # fine-tuning: --init_from (weights.py)
 
 Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt
 (the lowest val loss so far) and OUT_DIR/log.jsonl (one line per logged step).
@@ -43,7 +44,7 @@ class TrainConfig:
     out_dir: str = option("out", "where checkpoints and log.jsonl go")
     init_from: str = option("scratch", "scratch (a new model), resume (out_dir/ckpt.pt), a checkpoint file to "
                             "fine-tune, or GPT-2: gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a Hugging Face directory")
-    overwrite: bool = option(False, "let a scratch run replace a checkpoint already in out_dir")
+    overwrite: bool = option(False, "let a new run (scratch or fine-tuning) replace a checkpoint already in out_dir")
     # model (see GPTConfig in model.py)
     n_layer: int = option(6, "number of transformer blocks")
     n_head: int = option(6, "attention heads per block")
