@@ -274,6 +274,7 @@ def run(cfg, device, rank, world):
         note = load_into(model, source, meta)
         if master:
             print(note)
+    del source  # the copy is in the model: GPT-2's weights need not stay twice in memory
     model = model.to(device)
     optimizer = configure_optimizer(model, cfg, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))
