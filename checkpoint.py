@@ -74,8 +74,8 @@ def resumed_config(saved, cfg, sources):
 def check_resumable(ckpt, mconf, meta, cfg):
     """A UserError unless this run's model and tokenizer are the checkpoint's."""
     path = Path(cfg.out_dir) / "ckpt.pt"
-    now, then = dataclasses.asdict(mconf), ckpt["model_config"]
-    diff = {k: (v, then.get(k)) for k, v in now.items() if then.get(k) != v}
+    then = {f.name: f.default for f in dataclasses.fields(mconf)} | ckpt["model_config"]  # older: the defaults
+    diff = {k: (v, then.get(k)) for k, v in dataclasses.asdict(mconf).items() if then.get(k) != v}
     if diff:
         raise UserError(f"cannot resume {path}: the model config differs (now, checkpoint): {diff}")
     if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):

@@ -9,6 +9,7 @@ the start of a run, not a crash at its end; then batches for training and evalua
     val.bin     val_tokens ids, likewise
 """
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -131,36 +132,50 @@ def get_batch(data, batch_size, block_size, rng, device):
     return x.to(device), y.to(device)
 
 
-def sequential_batches(data, block_size, batch_size, n_windows, device):
-    """n_windows non-overlapping windows from the start of data, batch by batch."""
-    n_windows = min(n_windows, (len(data) - 1) // block_size)
-    for first in range(0, n_windows, batch_size):
-        starts = range(first * block_size, min(first + batch_size, n_windows) * block_size, block_size)
-        x = np.stack([data[s : s + block_size] for s in starts]).astype(np.int64)
-        y = np.stack([data[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64)
-        yield torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+@torch.no_grad()
+def mean_loss(model, ids, block_size, batch_size, device, autocast=None):
+    """The mean next-token loss, in nats, of every token of ids (a 1-D array) after the first.
+
+    ids is cut into non-overlapping windows of block_size predictions, the last one
+    shorter if need be, so each token is predicted once, from the tokens before it in
+    its window. Call model.eval() first.
+    """
+    n = len(ids) - 1  # predictions: every token but the first
+    starts = list(range(0, n, block_size))
+    full, rest = n // block_size, n % block_size
+    total = 0.0
+    # Windows of one length in each batch: the full ones, then the shorter last one.
+    for group, T in ((starts[:full], block_size), (starts[full:], rest)):
+        for i in range(0, len(group), batch_size):
+            chunk = group[i : i + batch_size]
+            x = np.stack([ids[s : s + T] for s in chunk]).astype(np.int64)  # (B, T)
+            y = np.stack([ids[s + 1 : s + 1 + T] for s in chunk]).astype(np.int64)  # (B, T): the next tokens
+            with autocast or contextlib.nullcontext():
+                _, loss = model(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+            total += loss.item() * y.size
+    return total / n
 
 
 @torch.no_grad()
 def estimate_loss(model, splits, cfg, device, autocast, seed):
     """Mean loss per split. eval_iters > 0: that many random batches (seeded, so the
-    training data order is untouched). eval_iters = 0: the whole val split in
-    non-overlapping windows, and as many train tokens from the train split's start."""
+    training data order is untouched). eval_iters = 0: every token of the val split,
+    scored as score.py scores a file (mean_loss), and as many train tokens from the
+    train split's start."""
     model.eval()
     out = {}
     for name, data in splits.items():
-        if cfg.eval_iters > 0:
-            rng = np.random.default_rng(seed)
-            batches = (get_batch(data, cfg.batch_size, cfg.block_size, rng, device) for _ in range(cfg.eval_iters))
-        else:
-            n_windows = (len(splits["val"]) - 1) // cfg.block_size
-            batches = sequential_batches(data, cfg.block_size, 4 * cfg.batch_size, n_windows, device)
-        total, count = 0.0, 0
-        for x, y in batches:
+        if cfg.eval_iters == 0:
+            tokens = data[: len(splits["val"])]  # train: as many tokens as val has
+            out[name] = mean_loss(model, tokens, cfg.block_size, 4 * cfg.batch_size, device, autocast)
+            continue
+        rng = np.random.default_rng(seed)
+        total = 0.0
+        for _ in range(cfg.eval_iters):
+            x, y = get_batch(data, cfg.batch_size, cfg.block_size, rng, device)
             with autocast:
                 _, loss = model(x, y)
-            total += loss.item() * y.numel()
-            count += y.numel()
-        out[name] = total / count
+            total += loss.item()
+        out[name] = total / cfg.eval_iters
     model.train()
     return out

@@ -27,6 +27,7 @@ import generate  # the KV cache and the decoding loop, kept apart from the lesso
 
 MIXERS = ("none", "average", "head", "multihead")
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
+GELUS = ("exact", "tanh")  # tanh: the approximation GPT-2 was trained with
 
 
 @dataclass
@@ -46,6 +47,7 @@ class GPTConfig:
     layernorm: bool = True
     pos: str = "learned"  # position encoding: one of POSITIONS
     tie_weights: bool = True  # output head shares the token embedding matrix
+    gelu: str = "exact"  # the feed-forward's GELU: one of GELUS
     fused_attention: bool = True  # F.scaled_dot_product_attention vs written out
 
     def __post_init__(self):
@@ -53,6 +55,8 @@ class GPTConfig:
             raise ValueError(f"mixer must be one of {MIXERS}, got {self.mixer!r}")
         if self.pos not in POSITIONS:
             raise ValueError(f"pos must be one of {POSITIONS}, got {self.pos!r}")
+        if self.gelu not in GELUS:
+            raise ValueError(f"gelu must be one of {GELUS}, got {self.gelu!r}")
         if self.mixer == "multihead" and self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.pos == "rope" and (self.mixer not in ("head", "multihead") or self.head_size % 2):
@@ -241,9 +245,10 @@ class FeedForward(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.approximate = "tanh" if config.gelu == "tanh" else "none"
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # (B, T, C)
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))  # (B, T, C)
 
 
 # --- Rungs 6 and 7: residual connections and LayerNorm ----------------------------

@@ -1,9 +1,11 @@
-"""Generates text from a checkpoint written by train.py, printing it as it comes.
+r"""Generates text from a checkpoint written by train.py, printing it as it comes.
 
     python sample.py --out_dir=out/shakespeare_char
     python sample.py --out_dir=out --start="ROMEO:" --num_samples=3 --max_new_tokens=200
     python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0
     python sample.py --out_dir=out --prompts=prompts.txt    # one prompt a line, one batch
+    python sample.py --out_dir=out --start="ROMEO:" --stop="\n\n"   # each sample ends at a blank line
+    python sample.py --init_from=gpt2-xl --start="The meaning of life is"   # GPT-2 (see gpt2.py)
 
 The checkpoint holds all that is needed: the weights, the model's shape and the
 tokenizer. Samples go to stdout, separated by a line of dashes; warnings go to stderr.
@@ -20,12 +22,14 @@ from pathlib import Path
 
 import torch
 
+import gpt2
 from checkpoint import checkpoint_path, load_checkpoint
 from config import UserError, cli, load_config, option
 from device import check_device, pick_device, pick_dtype
 from model import GPT, GPTConfig
 from prepare import tokenizer_from_meta
 from streams import stdout_lost
+from textstream import TextStream, unescape
 
 SEPARATOR = "-" * 40
 
@@ -33,11 +37,16 @@ SEPARATOR = "-" * 40
 @dataclass
 class SampleConfig:
     out_dir: str = option("out", "the directory train.py wrote its checkpoints to")
-    checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); empty: best.pt if it exists")
+    checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); "
+                             "empty: best.pt when it exists")
+    init_from: str = option("resume", "resume: the checkpoint in out_dir; or GPT-2: gpt2, gpt2-medium, gpt2-large, "
+                            "gpt2-xl, or a directory in the Hugging Face layout (config.json, model.safetensors)")
     start: str = option("", "the prompt, or FILE:path to read it from a file; empty starts from a newline")
     prompts: str = option("", "a file of prompts, one a line (blank lines skipped), generated in one batch")
     num_samples: int = option(1, "how many samples to generate (for each prompt)", low=1)
     max_new_tokens: int = option(500, "tokens to generate in each sample", low=0)
+    stop: list[str] = option([], "end a sample where it first generates this text, which is not printed; repeat "
+                             "for more; \\n and \\t stand for a newline and a tab")
     temperature: float = option(0.8, "below 1 more predictable, above 1 more random; 0 always takes the likeliest",
                                 low=0)
     top_k: int | None = option(200, "sample from the k likeliest tokens only (none: no limit)", low=1)
@@ -56,6 +65,8 @@ def check_config(cfg):
     """What the options' ranges (checked by load_config) cannot say."""
     if cfg.start and cfg.prompts:
         raise UserError("--start and --prompts were both given; use one of them")
+    if "" in cfg.stop:
+        raise UserError("--stop is empty; give the text that ends a sample, e.g. --stop='\\n\\n'")
 
 
 # --- The model and the prompts -------------------------------------------------------
@@ -74,6 +85,17 @@ def load_model(path, device):
         raise UserError(f"{path} does not fit this version of model.py ({first_line}); "
                         "sample with the code that trained it, or retrain") from None
     return model.to(device).eval(), tokenizer_from_meta(ckpt["meta"])
+
+
+def load(cfg, device):
+    """The model and tokenizer that cfg names: GPT-2 with --init_from, else the checkpoint in out_dir."""
+    if cfg.init_from == "resume":
+        return load_model(checkpoint_path(cfg.out_dir, cfg.checkpoint), device)
+    if not gpt2.is_gpt2(cfg.init_from):
+        raise UserError(f"init_from must be resume (a checkpoint in --out_dir), {', '.join(gpt2.SIZES)} or a "
+                        f"directory in the Hugging Face layout; got {cfg.init_from!r}")
+    config, state, meta = gpt2.load(cfg.init_from)
+    return gpt2.build(config, state).to(device), tokenizer_from_meta(meta)
 
 
 def read_text(path, option_name):
@@ -121,8 +143,8 @@ def normalized(text, tokenizer):
     return forms[form]
 
 
-def encode_prompts(prompts, tokenizer, on_unknown):
-    """Token ids of each prompt. Characters the tokenizer lacks are an error, all of
+def drop_unknown(prompts, tokenizer, on_unknown, what="the prompt"):
+    """The text of each prompt. Characters the tokenizer lacks are an error, all of
     them named in one message, or with on_unknown="skip" dropped with a warning."""
     prompts = [(normalized(text, tokenizer), source, first_line) for text, source, first_line in prompts]
     found = {}  # character -> where it first appears
@@ -136,14 +158,15 @@ def encode_prompts(prompts, tokenizer, on_unknown):
         if any(unicodedata.combining(ch) for ch in found):
             message += " (accents typed as separate marks; the model knows no other Unicode form of them either)"
         if on_unknown == "error":
-            raise UserError(f"the prompt has {message}; remove them, or pass --unknown=skip to drop them")
+            raise UserError(f"{what} has {message}; remove them, or pass --unknown=skip to drop them")
         print(f"warning: dropped {message}", file=sys.stderr)
+    return ["".join(ch for ch in text if ch not in found) for text, _, _ in prompts]
+
+
+def encode_prompts(prompts, tokenizer, on_unknown):
+    """Token ids of each prompt (see drop_unknown); an empty one starts from a newline."""
     start = tokenizer.encode("\n") if not tokenizer.unknown("\n") else [0]  # where nanoGPT starts
-    rows = []
-    for text, _, _ in prompts:
-        text = "".join(ch for ch in text if ch not in found)
-        rows.append(tokenizer.encode(text) if text else start)
-    return rows
+    return [tokenizer.encode(text) if text else start for text in drop_unknown(prompts, tokenizer, on_unknown)]
 
 
 def left_pad(rows, device):
@@ -161,29 +184,6 @@ def left_pad(rows, device):
 # --- Decoding, one token at a time --------------------------------------------------------
 
 
-class TextStream:
-    """Turns tokens into text as they arrive. Tokens wait, and are decoded together,
-    while their text ends in an incomplete character: a byte-level BPE token can end
-    inside a multi-byte character, and the next one completes it."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.pending = []
-
-    def push(self, ids):
-        """The new text that ids complete, maybe empty."""
-        self.pending += ids
-        text = self.tokenizer.decode(self.pending)
-        if text.endswith("\ufffd") and len(self.pending) < 4:  # a character's 4 bytes span 4 tokens at most
-            return ""
-        self.pending = []
-        return text
-
-    def flush(self):
-        text, self.pending = self.tokenizer.decode(self.pending), []
-        return text
-
-
 def write(text):
     print(text, end="", flush=True)  # flushed, so each token shows as soon as it exists
     if stdout_lost():  # the reader went away (| head): no one to generate for
@@ -192,10 +192,11 @@ def write(text):
 
 def generate(model, rows, cfg, tokenizer, top_k, generator):
     """Continues every prompt in rows in one batch. A single prompt is printed token by
-    token; a batch is printed when it is done, one sample after another."""
+    token; a batch is printed when it is done, one sample after another. Each row ends
+    at its first stop sequence, and generation when every row has ended."""
     device = next(model.parameters()).device
     idx, valid = left_pad(rows, device)
-    streams = [TextStream(tokenizer) for _ in rows]
+    streams = [TextStream(tokenizer, [unescape(stop) for stop in cfg.stop]) for _ in rows]
     texts = [""] * len(rows)
     live = len(rows) == 1
 
@@ -205,12 +206,14 @@ def generate(model, rows, cfg, tokenizer, top_k, generator):
             write(piece)
 
     for r, ids in enumerate(rows):
-        add(r, streams[r].push(ids))  # the prompt, as the tokenizer reads it
+        add(r, tokenizer.decode(ids))  # the prompt, as the tokenizer reads it
     tokens = model.stream(idx, cfg.max_new_tokens, cfg.temperature, top_k, cfg.top_p,
                           valid=valid, use_cache=cfg.kv_cache, generator=generator)
     for token in tokens:  # (B, 1)
         for r, t in enumerate(token[:, 0].tolist()):
             add(r, streams[r].push([t]))
+        if all(stream.stopped for stream in streams):
+            break
     for r, stream in enumerate(streams):
         add(r, stream.flush())
     for text in texts:
@@ -226,7 +229,7 @@ def main(argv):
     device_type = torch.device(device).type
     dtype = pick_dtype(cfg.dtype, device_type)
     prompts = read_prompts(cfg)
-    model, tokenizer = load_model(checkpoint_path(cfg.out_dir, cfg.checkpoint), device)
+    model, tokenizer = load(cfg, device)
     rows = encode_prompts(prompts, tokenizer, cfg.unknown)
     n_vocab = model.config.real_vocab_size or model.config.vocab_size
     top_k = None if cfg.top_k is None else min(cfg.top_k, n_vocab)  # more than the vocabulary is all of it

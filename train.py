@@ -2,6 +2,7 @@
 
     python train.py config/shakespeare_char_cpu.toml
     python train.py config/shakespeare_char.toml --compile=true --max_iters=2000
+    python train.py config/finetune_shakespeare_gpt2.toml    # fine-tuning: --init_from (weights.py)
     torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_char.toml
 
 Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt
@@ -36,6 +37,7 @@ from files import version
 from model import GPT, MIXERS, POSITIONS, GPTConfig, padded_vocab_size
 from optim import configure_optimizer
 from outdir import RunLock, append_record, run_out_dir, start_log
+from weights import finetune_settings, load_into, load_source
 
 
 @dataclass
@@ -45,8 +47,9 @@ class TrainConfig:
     # data and output
     data_dir: str = option("data/shakespeare_char", "directory written by prepare.py")
     out_dir: str = option("", "where checkpoints and log.jsonl go (empty: out/NAME for data/NAME)")
-    init_from: str = option("scratch", "'scratch' for a new model, 'resume' to continue out_dir/ckpt.pt")
-    overwrite: bool = option(False, "let a scratch run replace a checkpoint already in out_dir")
+    init_from: str = option("scratch", "scratch (a new model), resume (out_dir/ckpt.pt), a checkpoint file to "
+                            "fine-tune, or GPT-2: gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a Hugging Face directory")
+    overwrite: bool = option(False, "let a new run (scratch or fine-tuning) replace a checkpoint already in out_dir")
     # model (see GPTConfig in model.py)
     n_layer: int = option(6, "number of transformer blocks", low=0)
     n_head: int = option(6, "attention heads per block", low=1)
@@ -61,6 +64,8 @@ class TrainConfig:
     pos: str = option("learned", "position encoding: learned, sinusoidal, rope (rotary) or none", choices=POSITIONS)
     tie_weights: bool = option(True, "output head shares the token embedding matrix")
     fused_attention: bool = option(True, "use F.scaled_dot_product_attention (False: the written-out math)")
+    gelu: str = option("exact", "the feed-forward's GELU: exact, or tanh (GPT-2's approximation)",
+                       choices=("exact", "tanh"))
     # optimization
     batch_size: int = option(64, "sequences per micro-batch, in each process", low=1)
     grad_accum: int = option(1, "micro-batches per optimizer step, in each process", low=1)
@@ -166,7 +171,7 @@ def read_start(cfg, device):
     """The checkpoint to resume from; None for a new run, which must not replace a
     checkpoint unless told to."""
     path = Path(cfg.out_dir) / "ckpt.pt"
-    if cfg.init_from == "scratch" and path.exists() and not cfg.overwrite:
+    if cfg.init_from != "resume" and path.exists() and not cfg.overwrite:
         raise UserError(f"{path} exists; continue it with --init_from=resume, "
                         "start over with --overwrite=true, or pick another --out_dir")
     return load_checkpoint(path, device) if cfg.init_from == "resume" else None
@@ -244,14 +249,14 @@ def run(cfg, sources, device, rank, world, lock):
     master = rank == 0
     say = print if master else (lambda *args: None)
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
-    if cfg.init_from not in ("scratch", "resume"):
-        raise UserError(f"init_from must be 'scratch' or 'resume', got {cfg.init_from!r}")
     dtype = pick_dtype(cfg.dtype, device_type)
     meta, splits = data = load_data(cfg.data_dir)
     out_dir = Path(cfg.out_dir)
     if master:
         lock.check_free()  # another run into out_dir is named now, not taken for a finished one
     seen = version(out_dir / "ckpt.pt")
+    fine_tune = cfg.init_from not in ("scratch", "resume")
+    source = load_source(cfg.init_from, cfg.out_dir) if fine_tune else None  # the weights to start from
     ckpt = read_start(cfg, device)
     autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
@@ -262,7 +267,9 @@ def run(cfg, sources, device, rank, world, lock):
         preset = any(where != "command line" for where in sources.values())
         if cfg.max_time or (not preset and "max_iters" not in sources):
             seconds = budget.parse_duration(cfg.max_time or budget.DEFAULT_BUDGET)
-        if not preset:
+        if fine_tune:  # the weights fix the model's shape
+            cfg = finetune_settings(source, cfg, meta)
+        elif not preset:
             measure = functools.partial(time_steps, meta=meta, splits=splits, device=device, dtype=dtype,
                                         autocast=autocast, world=world)
             cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
@@ -273,7 +280,11 @@ def run(cfg, sources, device, rank, world, lock):
         check_resumable(ckpt, mconf, meta, cfg)
 
     torch.manual_seed(cfg.seed)
-    model = GPT(mconf).to(device)
+    model = GPT(mconf)
+    if source is not None:
+        say(load_into(model, source, meta))
+    del source  # the copy is in the model: GPT-2's weights need not stay twice in memory
+    model = model.to(device)
     optimizer = configure_optimizer(model, cfg, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))
     if master:

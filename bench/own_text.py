@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 import budget  # noqa: E402
 from checkpoint import load_checkpoint  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
-from dataset import load_data, sequential_batches  # noqa: E402
+from dataset import load_data, mean_loss  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared/data/tinyshakespeare/input.txt"
@@ -164,18 +164,13 @@ def train_args(run, data_dir, run_dir, cfg):
 
 @torch.no_grad()
 def whole_val_loss(run_dir, data_dir):
-    """Mean loss per token of run_dir/best.pt on the whole val split, in windows of block_size."""
+    """Mean loss per token of run_dir/best.pt on the whole val split, as score.py scores a file."""
     ckpt = load_checkpoint(run_dir / "best.pt")
     model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
     model.load_state_dict(ckpt["model"])
     model.eval()
     _, splits = load_data(data_dir)
-    block = model.config.block_size
-    total = count = 0
-    for x, y in sequential_batches(splits["val"], block, 32, (len(splits["val"]) - 1) // block, "cpu"):
-        _, loss = model(x, y)
-        total, count = total + loss.item() * y.numel(), count + y.numel()
-    return total / count, ckpt
+    return mean_loss(model, splits["val"], model.config.block_size, 32, "cpu"), ckpt
 
 
 def train(args, run_dir):

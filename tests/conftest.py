@@ -24,3 +24,29 @@ def data_dir(tmp_path_factory):
     (root / "input.txt").write_text(text)
     assert prepare.main(["--input", str(root / "input.txt"), "--out_dir", str(root / "chars")]) == 0
     return str(root / "chars")
+
+
+def small_bpe_ranks():
+    """A byte-level BPE small enough for a test: the 256 bytes and a few merges."""
+    letters = [bytes([c]) for c in b"abcdefghijklmnopqrstuvwxyz"]
+    merges = [b" " + c for c in letters] + [b"th", b"he", b"the", b" the", b"an", b"nd", b" and", b"er", b"\n\n"]
+    return {bytes([i]): i for i in range(256)} | {m: 256 + i for i, m in enumerate(merges)}
+
+
+@pytest.fixture
+def small_gpt2(monkeypatch):
+    """tiktoken's "gpt2" encoding replaced, in this process only, by a small local one (the
+    real one downloads its files): GPT-2's split pattern over small_bpe_ranks(), then
+    <|endoftext|>. Returns its vocabulary size."""
+    import tiktoken
+    import tiktoken.registry
+
+    ranks = small_bpe_ranks()
+    pattern = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    encoding = {"name": "gpt2", "pat_str": pattern, "mergeable_ranks": ranks,
+                "special_tokens": {"<|endoftext|>": len(ranks)}}
+    tiktoken.list_encoding_names()  # fills tiktoken's table of encoding constructors
+    monkeypatch.setitem(tiktoken.registry.ENCODING_CONSTRUCTORS, "gpt2", lambda: encoding)
+    monkeypatch.delitem(tiktoken.registry.ENCODINGS, "gpt2", raising=False)
+    yield len(ranks) + 1
+    tiktoken.registry.ENCODINGS.pop("gpt2", None)  # the next get_encoding("gpt2") builds the real one

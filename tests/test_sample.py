@@ -5,11 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import generate
 import prepare
 import sample
 import train
 from generate import KVCache, sample_next
 from model import GPT, GPTConfig
+from textstream import TextStream, unescape
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -283,3 +285,116 @@ def test_help_lists_every_option(capsys):
     out = capsys.readouterr().out
     for name in sample.SampleConfig.__dataclass_fields__:
         assert f"--{name}=" in out
+
+
+# --- Stop sequences ----------------------------------------------------------------------------------
+
+
+class PieceTokenizer:
+    """Each id stands for a piece of text, as a BPE token stands for several characters."""
+
+    def __init__(self, *pieces):
+        self.pieces = pieces
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def stream_all(stream, n):
+    """What a stream gives for tokens 0..n-1 pushed one at a time, then flushed."""
+    return [stream.push([i]) for i in range(n)] + [stream.flush()]
+
+
+def test_a_stop_sequence_that_ends_inside_a_token_cuts_the_text_there():
+    tokens = PieceTokenizer("The end", " is ne", "ar. After", "wards")
+    stream = TextStream(tokens, ["near."])
+    assert stream_all(stream, 4) == ["The end", " is ", "", "", ""]  # "ne" waited: it could begin "near."
+    assert stream.stopped
+
+
+def test_text_that_only_began_like_a_stop_sequence_is_released():
+    stream = TextStream(PieceTokenizer("a\n", "b\n", "\n", "c"), ["\n\n"])
+    assert stream_all(stream, 4) == ["a", "\nb", "", "", ""]
+    stream = TextStream(PieceTokenizer("a\n", "b\n"), ["\n\n"])
+    assert stream_all(stream, 2) == ["a", "\nb", "\n"]  # the end of the sample: what waited is printed
+    assert not stream.stopped
+
+
+def test_the_first_stop_sequence_to_appear_ends_the_text():
+    stream = TextStream(PieceTokenizer("xx ab", "c", "d yy"), ["abcd", "bc", "zzz"])
+    assert stream_all(stream, 3) == ["xx ", "a", "", ""]  # "bc" is complete before "abcd" is
+
+
+def test_stop_sequences_on_the_command_line_read_backslash_n_and_t():
+    assert unescape(r"a\n\tb\\n") == "a\n\tb\\n"
+
+
+def sampled(capsys, out_dir, *args):
+    """Each sample as printed, sampled at temperature 1."""
+    code, out, err = run_sample(capsys, out_dir, "--temperature=1", "--seed=3", *args)
+    assert code == 0, err
+    return samples(out)
+
+
+def generated(prompts, printed, n):
+    """The n characters generated after each prompt (one character a token)."""
+    return [text[len(prompt) : len(prompt) + n] for prompt, text in zip(prompts, printed)]
+
+
+def as_printed(text):
+    return text if text.endswith("\n") else text + "\n"
+
+
+def test_a_streamed_sample_ends_before_its_stop_sequence_and_holds_back_no_more_than_it_must(capsys, out_dir,
+                                                                                         monkeypatch):
+    [free] = generated(["ROMEO:"], sampled(capsys, out_dir, "--start=ROMEO:", "--max_new_tokens=40"), 40)
+    stop = free[12:15]  # three characters: three tokens, so a stop split across tokens
+    end = free.index(stop)
+    pieces = []
+    monkeypatch.setattr(sample, "write", pieces.append)
+    assert sample.main([f"--out_dir={out_dir}", "--start=ROMEO:", "--max_new_tokens=40", "--temperature=1",
+                        "--seed=3", f"--stop={stop}"]) == 0
+    assert pieces[0] == "ROMEO:" and pieces[-1].endswith(sample.SEPARATOR + "\n")
+    streamed = pieces[1:-1]
+    assert "".join(streamed) == free[:end] and end > 5
+    assert len(streamed) >= end - 2 and all(len(p) <= len(stop) for p in streamed)  # held back: at most the stop
+
+
+def test_each_row_of_a_batch_stops_on_its_own(capsys, out_dir, tmp_path):
+    (tmp_path / "prompts.txt").write_text("ROMEO:\nTo be, or\n")
+    prompts = ["ROMEO:", "To be, or"]
+    free = generated(prompts, sampled(capsys, out_dir, f"--prompts={tmp_path / 'prompts.txt'}", "--max_new_tokens=60"),
+                     60)
+    # A stop that row 0 makes and row 1 does not; row 1 ends at max_new_tokens.
+    stop = next(free[0][i : i + 2] for i in range(8, 50) if free[0][i : i + 2] not in free[1])
+    stopped = sampled(capsys, out_dir, f"--prompts={tmp_path / 'prompts.txt'}", "--max_new_tokens=60", f"--stop={stop}")
+    assert stopped == [as_printed(prompts[0] + free[0][: free[0].index(stop)]), as_printed(prompts[1] + free[1])]
+
+
+def test_generation_ends_when_every_row_has_stopped(capsys, out_dir, tmp_path, monkeypatch):
+    (tmp_path / "prompts.txt").write_text("ROMEO:\nTo be, or\n")
+    prompts = ["ROMEO:", "To be, or"]
+    free = generated(prompts, sampled(capsys, out_dir, f"--prompts={tmp_path / 'prompts.txt'}", "--max_new_tokens=60"),
+                     60)
+    stops = [free[0][10:12], free[1][20:23]]  # repeated --stop: either one ends a row
+    ends = [min(i for i in (text.find(s) for s in stops) if i >= 0) for text in free]
+    produced = []
+    real_stream = generate.stream
+
+    def counting_stream(*args, **kwargs):
+        for token in real_stream(*args, **kwargs):
+            produced.append(token)
+            yield token
+
+    monkeypatch.setattr(generate, "stream", counting_stream)
+    stopped = sampled(capsys, out_dir, f"--prompts={tmp_path / 'prompts.txt'}", "--max_new_tokens=60",
+                      *(f"--stop={s}" for s in stops))
+    assert stopped == [as_printed(p + text[:end]) for p, text, end in zip(prompts, free, ends)]
+    # One token a character: the last row to stop did so when its stop sequence's last character came.
+    last = max(end + len(next(s for s in stops if text[end:].startswith(s))) for text, end in zip(free, ends))
+    assert len(produced) == last < 60
+
+
+def test_a_stop_sequence_in_the_prompt_does_not_end_the_sample(capsys, out_dir):
+    code, out, _ = run_sample(capsys, out_dir, "--start=ROMEO:", "--stop=ROMEO", "--max_new_tokens=10")
+    assert code == 0 and len(samples(out)[0]) >= len("ROMEO:") + 10

@@ -1,0 +1,200 @@
+"""OpenAI's GPT-2, from the Hugging Face hub or a directory in its layout, as a model.GPT.
+
+    python sample.py --init_from=gpt2-xl --start="The meaning of life is"
+    python train.py config/finetune_shakespeare_gpt2.toml       # fine-tunes gpt2
+    python score.py --init_from=/models/gpt2 --input=notes.txt   # config.json + model.safetensors
+
+GPT-2 is the GPT of model.py with its switches set: biases, learned positions
+over 1024 tokens, a tied head, and the tanh approximation of GELU. Its text goes
+through tiktoken's gpt2 encoding. Weights are read from safetensors (or from a
+pytorch_model.bin with torch.load(weights_only=True)): tensors, never code.
+Downloading needs the optional packages huggingface_hub and safetensors.
+"""
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from config import UserError
+from model import GPT, GPTConfig, padded_vocab_size
+from tokenizer import load_encoding
+
+SIZES = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1.5B"}  # parameters
+HUB_OWNER = "openai-community"  # the hub's home of OpenAI's checkpoints
+INSTALL = "pip install huggingface_hub safetensors"
+# Hugging Face's names for GELU: "gelu" is the exact one; the others compute the tanh approximation.
+GELU = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
+# Hugging Face's GPT-2 stores its matrices as Conv1D, (in, out): transposed from nn.Linear's (out, in).
+CONV1D = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
+
+
+def is_gpt2(init_from):
+    """Whether init_from names GPT-2: one of SIZES, or a directory in the hub's layout."""
+    return init_from in SIZES or Path(init_from).is_dir()
+
+
+# --- Finding the files ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def quiet(logger_name):
+    """The hub logs each retry as a warning; the one error line says it all."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def download(name):
+    """The directory in the hub's cache holding `name`'s config.json and model.safetensors."""
+    try:
+        from huggingface_hub import hf_hub_download  # imported before quiet(): importing sets the hub's log level
+    except ImportError:
+        raise UserError(f"--init_from={name} downloads GPT-2 from the Hugging Face hub, which needs optional packages: "
+                        f"{INSTALL}; or pass a directory holding its config.json and model.safetensors") from None
+    repo = f"{HUB_OWNER}/{name}"
+    try:
+        with quiet("huggingface_hub"):
+            paths = [hf_hub_download(repo, f) for f in ("config.json", "model.safetensors")]
+    except (OSError, ValueError) as e:  # the hub's errors (offline, not found, HTTP) are OSErrors
+        raise UserError(f"could not get {repo} from the Hugging Face hub ({type(e).__name__}) and it is not in its "
+                        f"cache: connect once to download it ({SIZES[name]} parameters), or pass --init_from=DIR, "
+                        "a directory holding its config.json and model.safetensors") from None
+    return Path(paths[0]).parent
+
+
+def read_config(directory):
+    path = directory / "config.json"
+    if not path.is_file():
+        hint = (f"; {directory} is a train.py out_dir: pass its ckpt.pt or best.pt file"
+                if (directory / "ckpt.pt").is_file() else "")
+        raise UserError(f"{path} not found: a GPT-2 directory holds config.json and model.safetensors{hint}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise UserError(f"{path} is not valid JSON; download the model again") from None
+
+
+def read_weights(directory):
+    """The tensors in model.safetensors, else pytorch_model.bin (plain tensors only)."""
+    path = directory / "model.safetensors"
+    if path.is_file():
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise UserError(f"reading {path} needs the optional package safetensors: pip install safetensors") from None
+        try:
+            return load_file(path)
+        except Exception as e:  # safetensors raises its own SafetensorError for a bad file
+            raise UserError(f"{path} is not a readable safetensors file ({str(e)[:100]}); download it again") from None
+    path = directory / "pytorch_model.bin"
+    if not path.is_file():
+        raise UserError(f"{directory} has neither model.safetensors nor pytorch_model.bin (sharded weights "
+                        "are not supported); download the model again")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a bad file
+        if type(e).__name__ == "UnpicklingError":
+            raise UserError(f"{path} holds objects other than tensors, which could run code when loaded; refused. "
+                            "Use a model.safetensors") from None
+        raise UserError(f"{path} is not a readable weights file; download it again") from None
+
+
+# --- Mapping GPT-2 onto model.GPT ---------------------------------------------------------------
+
+
+def gpt_config(hf, source):
+    """The GPTConfig of a Hugging Face GPT-2 config.json, or a UserError for what GPT can not be."""
+    n_embd = hf.get("n_embd")
+    unsupported = {
+        "model_type": hf.get("model_type") != "gpt2",
+        "activation_function": hf.get("activation_function", "gelu_new") not in GELU,
+        "n_inner": hf.get("n_inner") not in (None, 4 * (n_embd or 0)),
+        "layer_norm_epsilon": hf.get("layer_norm_epsilon", 1e-5) != 1e-5,  # nn.LayerNorm's
+        "scale_attn_weights": not hf.get("scale_attn_weights", True),
+        "scale_attn_by_inverse_layer_idx": hf.get("scale_attn_by_inverse_layer_idx", False),
+        "add_cross_attention": hf.get("add_cross_attention", False),
+    }
+    for key, bad in unsupported.items():
+        if bad:
+            raise UserError(f"{source}: {key} {hf.get(key)!r} is not GPT-2's; only GPT-2 models load here")
+    try:
+        vocab_size = hf["vocab_size"]
+        return GPTConfig(vocab_size=padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
+                         block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=n_embd,
+                         dropout=0.0, bias=True, pos="learned", tie_weights=hf.get("tie_word_embeddings", True),
+                         gelu=GELU[hf.get("activation_function", "gelu_new")])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{source}: config.json does not describe a GPT-2 ({type(e).__name__}: {e})") from None
+
+
+def gpt_name(hf_name):
+    """Hugging Face's tensor name -> model.GPT's: h.3.attn.c_attn.weight -> blocks.3.mixer.c_attn.weight."""
+    name = hf_name.removeprefix("transformer.")
+    if name.startswith("h."):
+        name = "blocks." + name[2:].replace(".attn.", ".mixer.", 1).replace(".mlp.", ".ffwd.", 1)
+    return name
+
+
+def gpt_state(hf_state, config, source):
+    """model.GPT's state dict for config from GPT-2's tensors: renamed, Conv1D matrices
+    transposed, and the token rows padded to the embedding's round size with zeros
+    (padding tokens never occur, and their logits are cut off)."""
+    with torch.device("meta"):  # the names and shapes, without allocating the weights
+        expected = GPT(config).state_dict()
+    state = {}
+    for hf_name, tensor in hf_state.items():
+        if hf_name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # older files store the causal mask as a buffer; model.py builds its own
+        name = gpt_name(hf_name)
+        if name == "lm_head.weight" and config.tie_weights:
+            continue  # the same matrix as wte
+        if name.endswith(CONV1D):
+            tensor = tensor.t()
+        if name in ("wte.weight", "lm_head.weight"):
+            tensor = torch.cat([tensor, tensor.new_zeros(config.vocab_size - tensor.size(0), tensor.size(1))])
+        state[name] = tensor.float().contiguous()
+    if config.tie_weights:
+        state["lm_head.weight"] = state.get("wte.weight")
+    for name, tensor in expected.items():
+        if state.get(name) is None:
+            raise UserError(f"{source} has no weights for {name}; download the model again")
+        if state[name].shape != tensor.shape:
+            raise UserError(f"{source}: {name} is {tuple(state[name].shape)}, config.json says {tuple(tensor.shape)}")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise UserError(f"{source} has weights GPT-2 has not ({unexpected[0]}, ...); only GPT-2 models load here")
+    return state
+
+
+def build(config, state):
+    """model.GPT holding state, in eval mode, without first filling a random model as large."""
+    with torch.device("meta"):
+        model = GPT(config)
+    model.load_state_dict(state, assign=True)
+    if config.tie_weights:
+        model.lm_head.weight = model.wte.weight  # assign gave each name its own Parameter: tie them again
+    return model.eval()
+
+
+def load(init_from):
+    """(GPTConfig, state dict, tokenizer meta) of GPT-2: a name in SIZES, or a directory."""
+    if not is_gpt2(init_from):
+        raise UserError(f"init_from {init_from!r} is not GPT-2 ({', '.join(SIZES)}) nor a directory")
+    directory = Path(init_from)
+    if init_from in SIZES:
+        load_encoding("gpt2")  # first: without its tokenizer, a download of the weights is of no use
+        directory = download(init_from)
+    config = gpt_config(read_config(directory), init_from)
+    n_vocab = load_encoding("gpt2").n_vocab
+    if config.real_vocab_size != n_vocab:
+        raise UserError(f"{init_from} has a vocabulary of {config.real_vocab_size} tokens and tiktoken's gpt2 "
+                        f"{n_vocab}; only models with GPT-2's vocabulary load here")
+    state = gpt_state(read_weights(directory), config, init_from)
+    return config, state, {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": n_vocab}

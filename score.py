@@ -1,0 +1,76 @@
+"""Scores a text file with a model: how well it predicts the text, in bits per character and per token.
+
+    python score.py --out_dir=out/shakespeare_char_cpu_fast --input=notes.txt
+    python score.py --out_dir=out/notes_finetuned --checkpoint=best.pt --input=held_out.txt
+    python score.py --init_from=gpt2 --input=notes.txt
+
+Fewer bits is better: a model that always knew the next character would need 0,
+one that guessed uniformly among 65 characters log2(65) = 6.02. The text is read
+in non-overlapping windows of the model's block_size, each without the context
+before it, exactly as train.py measures its whole val split (--eval_iters=0): the
+text of a prepared data set's val split scores what the trainer logged as val_bpc.
+The first token has no context and is not scored; bits per character count the
+characters of the tokens scored.
+"""
+
+import quiet_interrupt  # noqa: F401  # isort: skip
+import contextlib
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from config import UserError, cli, load_config, option
+from dataset import mean_loss
+from device import check_device, pick_device, pick_dtype
+from sample import drop_unknown, load, read_text  # models and texts are read as sample.py reads them
+
+
+@dataclass
+class ScoreConfig:
+    input: str = option("", "the text file (UTF-8) to score")
+    out_dir: str = option("out", "the directory train.py wrote its checkpoints to")
+    checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); "
+                             "empty: best.pt when it exists")
+    init_from: str = option("resume", "resume: the checkpoint in out_dir; or GPT-2: gpt2, gpt2-medium, gpt2-large, "
+                            "gpt2-xl, or a directory in the Hugging Face layout (config.json, model.safetensors)")
+    unknown: str = option("error", "characters the model never saw: error, or skip (drop them, with a warning)",
+                          choices=("error", "skip"))
+    batch_size: int = option(16, "windows per forward pass (memory and speed, not the result)", low=1)
+    device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+    dtype: str = option("auto", "auto (bf16 on CUDA if supported, else fp16; fp32 on CPU), float32, bfloat16, float16",
+                        choices=("auto", "float32", "bfloat16", "float16"))
+
+
+@cli
+def main(argv):
+    cfg = load_config(ScoreConfig, argv, "score.py", __doc__.strip().splitlines()[0])
+    if not cfg.input:
+        raise UserError("no text to score: pass --input=FILE")
+    device = check_device(pick_device(cfg.device))
+    device_type = torch.device(device).type
+    dtype = pick_dtype(cfg.dtype, device_type)
+    text = read_text(cfg.input, "--input")
+    model, tokenizer = load(cfg, device)
+    [text] = drop_unknown([(text, cfg.input, 1)], tokenizer, cfg.unknown, what=f"--input {cfg.input}")
+    ids = tokenizer.encode_array(text)
+    if len(ids) < 2:
+        raise UserError(f"--input {cfg.input} has {len(ids)} token(s); scoring needs 2 or more (the first has no "
+                        "context)")
+    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
+                else contextlib.nullcontext())
+    loss = mean_loss(model, ids, model.config.block_size, cfg.batch_size, device, autocast)
+    scored_tokens = len(ids) - 1
+    scored_chars = len(text) - len(tokenizer.decode(ids[:1]))
+    bits = loss * scored_tokens / math.log(2)
+    print(f"{cfg.input}: {len(text):,} characters, {len(ids):,} tokens; {scored_tokens:,} tokens scored, "
+          f"in windows of {model.config.block_size}")
+    print(f"bits per character: {bits / max(scored_chars, 1):.4f}")
+    print(f"bits per token: {bits / scored_tokens:.4f}")
+    print(f"loss per token: {loss:.4f} nats")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Starting a run from weights that exist: fine-tuning a checkpoint, or GPT-2, on new data.
+
+    python train.py config/shakespeare_char_cpu_fast.toml --init_from=out/shakespeare_char_cpu_fast/ckpt.pt \\
+        --data_dir=data/notes_char --out_dir=out/notes_finetuned
+    python train.py config/finetune_shakespeare_gpt2.toml   # --init_from=gpt2
+
+The weights fix the model's shape (layers, heads, width, switches); the new run
+brings its data, block_size, dropout, optimizer and schedule, from iteration 0.
+BPE data must use the weights' encoding. Character data may have other
+characters: each one the weights know keeps its rows of the embedding (and of
+the head), moved to its id in the new vocabulary; a new one starts from a fresh
+row, as a model trained from scratch would.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import gpt2
+from checkpoint import load_checkpoint
+from config import UserError
+from model import GPTConfig
+
+# What a fine-tuned run sets itself, whatever the weights were trained with.
+RUN_KEYS = {"vocab_size", "real_vocab_size", "block_size", "dropout", "fused_attention"}
+VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # one row per token
+
+
+@dataclass
+class Source:
+    """Weights to start from, with what is needed to use them."""
+
+    name: str  # for messages: a checkpoint's path, or gpt2-medium
+    model_config: dict  # GPTConfig's fields, as a checkpoint stores them
+    state: dict  # model.GPT's state dict
+    meta: dict  # the tokenizer they were trained with, as in meta.json
+
+
+def load_source(init_from, out_dir):
+    """The weights --init_from names: GPT-2 (a name or a directory), or a checkpoint file."""
+    if gpt2.is_gpt2(init_from):
+        config, state, meta = gpt2.load(init_from)
+        return Source(init_from, dataclasses.asdict(config), state, meta)
+    path = Path(init_from)
+    if not path.is_file():
+        raise UserError(f"init_from {init_from!r} not found: use scratch, resume, {', '.join(gpt2.SIZES)}, "
+                        "a checkpoint file (ckpt.pt or best.pt) or a directory in the Hugging Face layout")
+    if path.resolve().parent == Path(out_dir).resolve():
+        raise UserError(f"--out_dir={out_dir} holds {path}, which fine-tuning would overwrite; pick another --out_dir")
+    ckpt = load_checkpoint(path)
+    if "meta" not in ckpt:
+        raise UserError(f"{path} holds no tokenizer (meta); it was not written by this train.py")
+    return Source(str(path), ckpt["model_config"], ckpt["model"], ckpt["meta"])
+
+
+# --- The new model's shape -------------------------------------------------------------------------
+
+
+def finetune_settings(source, cfg, meta):
+    """cfg (a train.TrainConfig) with the model's shape set to the weights': the data of meta
+    (meta.json), block_size, dropout and the training are cfg's. A UserError if the weights
+    and the data cannot go together, or if a shape key set by a preset or the command line
+    (away from its default) contradicts the weights."""
+    theirs = source.meta
+    if (theirs.get("tokenizer"), theirs.get("encoding")) != (meta.get("tokenizer"), meta.get("encoding")):
+        flag = "char" if theirs.get("tokenizer") == "char" else theirs.get("encoding")
+        raise UserError(f"{source.name} reads {describe(theirs)} tokens, but {cfg.data_dir} holds {describe(meta)} "
+                        f"tokens; prepare the text again: python prepare.py --input FILE --tokenizer={flag}")
+    if theirs.get("tokenizer") != "char" and theirs.get("vocab_size") != meta.get("vocab_size"):
+        raise UserError(f"{source.name} knows {theirs.get('vocab_size')} {describe(theirs)} tokens, {cfg.data_dir} "
+                        f"{meta.get('vocab_size')}: another tiktoken prepared them; prepare the data again")
+    defaults, shape = type(cfg)(), {}
+    for field in dataclasses.fields(GPTConfig):
+        if field.name in RUN_KEYS:
+            continue
+        weights, ours = source.model_config.get(field.name, field.default), getattr(cfg, field.name)
+        if ours != getattr(defaults, field.name) and ours != weights:
+            raise UserError(f"--{field.name}={ours} (from a preset or the command line) contradicts {source.name}, "
+                            f"whose {field.name} is {weights}: the weights fix the model's shape; drop it or pass "
+                            f"--{field.name}={weights}")
+        shape[field.name] = weights
+    learned = source.model_config.get("block_size")
+    if shape["pos"] == "learned" and cfg.block_size > learned:
+        raise UserError(f"--block_size={cfg.block_size} is longer than {source.name}'s {learned}: its position "
+                        f"embeddings stop there; pass --block_size={learned} or less")
+    return dataclasses.replace(cfg, **shape)
+
+
+def describe(meta):
+    return "character" if meta.get("tokenizer") == "char" else f"{meta.get('encoding')} BPE"
+
+
+# --- Copying the weights in ---------------------------------------------------------------------------
+
+
+def char_map(theirs, ours):
+    """(our ids, their ids) of the characters both vocabularies have, and our new ones."""
+    old = {ch: i for i, ch in enumerate(theirs)}
+    kept = [(i, old[ch]) for i, ch in enumerate(ours) if ch in old]
+    return [i for i, _ in kept], [j for _, j in kept], [ch for ch in ours if ch not in old]
+
+
+@torch.no_grad()
+def load_into(model, source, meta):
+    """Copies source's weights into model, freshly initialized for the data of meta:
+    with characters, token rows by character (new ones keep their fresh rows);
+    position rows up to block_size; everything else whole. Returns a line saying
+    what was done."""
+    chars = meta.get("tokenizer") == "char"
+    ours, theirs, new = char_map(source.meta["vocab"], meta["vocab"]) if chars else (None, None, [])
+    own = model.state_dict()  # shares storage with the parameters: writing it writes them
+    for name, tensor in source.state.items():
+        if name not in own:
+            raise UserError(f"{source.name} does not fit this version of model.py ({name}); "
+                            "fine-tune with the code that trained it")
+        target = own[name]
+        if name in VOCAB_ROWS and chars:
+            target[ours] = tensor[theirs].to(target.dtype)
+        elif name == "wpe.weight":
+            target.copy_(tensor[: target.size(0)])  # positions past block_size are never used
+        elif target.shape == tensor.shape:
+            target.copy_(tensor)
+        else:
+            raise UserError(f"{source.name}: {name} is {tuple(tensor.shape)}, the model needs {tuple(target.shape)}")
+    missing = sorted(set(own) - set(source.state))
+    if missing:
+        raise UserError(f"{source.name} has no weights for {missing[0]}; fine-tune with the code that trained it")
+    if not chars:
+        return f"fine-tuning {source.name} on {describe(meta)} tokens"
+    shown = ", ".join(repr(ch) for ch in new[:10]) + (", ..." if len(new) > 10 else "")
+    return (f"fine-tuning {source.name}: {len(new)} of the {len(ours) + len(new)} characters in the data are new to it"
+            + (f" ({shown}), starting from fresh rows" if new else ""))
