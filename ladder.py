@@ -10,8 +10,7 @@ OUT/ladder.md and OUT/ladder.json. Run the same command again and a finished run
 is skipped, one stopped part way (Ctrl-C) resumes; --force trains them again.
 """
 
-# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
-import quiet_interrupt  # noqa: F401  # isort: skip
+import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
 import contextlib
 import dataclasses
 import json

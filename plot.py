@@ -12,8 +12,7 @@ attention  for a prompt, the attention weights of every layer (rows) and head
 Needs matplotlib (pip install matplotlib); it writes files and never opens a window.
 """
 
-# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
-import quiet_interrupt  # noqa: F401  # isort: skip
+import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
 import json
 import sys
 from dataclasses import dataclass

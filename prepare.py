@@ -16,8 +16,7 @@ Inputs stream through in chunks, so memory stays bounded whatever their size:
 char reads them twice (first to find the characters), BPE encodes on every core.
 """
 
-# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
-import quiet_interrupt  # noqa: F401  # isort: skip
+import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
 import codecs
 import hashlib
 import itertools

@@ -11,8 +11,7 @@ The checkpoint holds all that is needed: the weights, the model's shape and the
 tokenizer. Samples go to stdout, separated by a line of dashes; warnings go to stderr.
 """
 
-# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
-import quiet_interrupt  # noqa: F401  # isort: skip
+import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
 import contextlib
 import os
 import sys
@@ -28,7 +27,7 @@ from config import UserError, cli, load_config, option
 from device import check_device, pick_device, pick_dtype
 from model import GPT, GPTConfig
 from prepare import tokenizer_from_meta
-from streams import stdout_lost
+from terminal import stdout_lost
 from textstream import TextStream, unescape
 
 SEPARATOR = "-" * 40

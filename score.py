@@ -13,7 +13,7 @@ The first token has no context and is not scored; bits per character count the
 characters of the tokens scored.
 """
 
-import quiet_interrupt  # noqa: F401  # isort: skip
+import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
 import contextlib
 import math
 import sys

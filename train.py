@@ -9,8 +9,7 @@ Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt
 (the lowest val loss so far) and OUT_DIR/log.jsonl (one line per logged step).
 """
 
-# First: Ctrl-C while the libraries load (seconds) is then one line, not a traceback.
-import quiet_interrupt  # noqa: F401  # isort: skip
+import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
 import contextlib
 import dataclasses
 import functools
@@ -41,8 +40,6 @@ from weights import finetune_settings, load_into, load_source
 
 
 @dataclass
-
-
 class TrainConfig:
     # data and output
     data_dir: str = option("data/shakespeare_char", "directory written by prepare.py")
@@ -137,9 +134,6 @@ def get_lr(it, cfg):
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 
-# --- Data ---------------------------------------------------------------------------------
-
-
 def step_seed(seed, rank, it):
     """The seed of step `it` on process `rank`, for its batches and its dropout masks.
     Derived afresh at every step, so a resumed run, on any number of processes, draws
@@ -148,23 +142,6 @@ def step_seed(seed, rank, it):
 
 
 # --- The run ---------------------------------------------------------------------------------
-
-
-class StopRequested:
-    """While active, SIGINT, SIGTERM and SIGHUP (a closed terminal) set a flag instead of
-    killing the process: the loop finishes its step, saves, and exits 128 + the signal's number."""
-
-    def __enter__(self):
-        self.signum = None
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        return self
-
-    def handle(self, signum, frame):
-        self.signum = signum
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
 
 
 def read_start(cfg, device):
@@ -363,7 +340,7 @@ def run(cfg, sources, device, rank, world, lock):
     step_ms = []
     stop_early = bool(cfg.patience and bad_evals >= cfg.patience)  # a resumed run that had stopped early
     it = start_iter
-    with StopRequested() as stop:
+    with terminal.StopRequested() as stop:
         while True:
             lr = get_lr(it, cfg)
             for group in optimizer.param_groups:

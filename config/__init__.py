@@ -17,8 +17,7 @@ import tomllib
 import types
 import typing
 
-import quiet_interrupt
-from streams import quiet_on_failure
+import terminal
 
 BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
@@ -45,8 +44,8 @@ def cli(main):
 
     @functools.wraps(main)
     def wrapper(argv=None):
-        quiet_interrupt.restore()  # from here on Ctrl-C is a KeyboardInterrupt, so cleanups run
-        with quiet_on_failure():
+        terminal.restore()  # from here on Ctrl-C is a KeyboardInterrupt, so cleanups run
+        with terminal.quiet_on_failure():
             try:
                 return main(sys.argv[1:] if argv is None else list(argv)) or 0
             except SystemExit as e:  # --help: printed, and done

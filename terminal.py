@@ -1,5 +1,14 @@
-"""Printing that cannot stop the work: a closed or full stdout or stderr ends the
-printing, not the run.
+"""Where a script meets its terminal: Ctrl-C and hangups, and output with nowhere to go.
+
+Importing this module first (every script does) makes Ctrl-C while torch loads (it
+takes seconds) end the script with one line, not a traceback through the import
+machinery; only a script run from this directory is affected, and only until its
+main() starts: there config.cli puts Python's own handler back (`restore`) and turns
+KeyboardInterrupt into the same line. A test or program that imports a script keeps
+its own Ctrl-C.
+
+While training, `StopRequested` turns SIGINT, SIGTERM and SIGHUP (a closed terminal)
+into a flag the loop checks: it finishes its step, saves and exits.
 
 `train.py ... | head -1` closes the pipe after one line; a hangup closes the terminal;
 stdout may be a file on a full disk. Each would raise on the next print and kill a run
@@ -11,7 +20,50 @@ dropped, silently, so Python's own flush at exit finds nothing to complain about
 import contextlib
 import io
 import os
+import signal
 import sys
+
+
+# --- Ctrl-C and other signals -------------------------------------------------------------
+
+
+def interrupted(signum, frame):
+    try:
+        os.write(2, b"interrupted\n")
+    finally:
+        os._exit(130)  # nothing has been written yet: there is nothing to clean up
+
+
+def restore():
+    """Python's KeyboardInterrupt again, if this module's handler is the one installed."""
+    if signal.getsignal(signal.SIGINT) is interrupted:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+if os.path.dirname(os.path.abspath(_script)) == os.path.dirname(os.path.abspath(__file__)):
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with Ctrl-C ignored
+        signal.signal(signal.SIGINT, interrupted)
+
+
+class StopRequested:
+    """While active, SIGINT, SIGTERM and SIGHUP (a closed terminal) set a flag instead of
+    killing the process: the loop finishes its step, saves, and exits 128 + the signal's number."""
+
+    def __enter__(self):
+        self.signum = None
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        return self
+
+    def handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+# --- Output streams -----------------------------------------------------------------------------
 
 
 class Guarded:
