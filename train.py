@@ -55,6 +55,8 @@ class TrainConfig:
     pos: str = option("learned", "position encoding: learned, sinusoidal, rope (rotary) or none")
     tie_weights: bool = option(True, "output head shares the token embedding matrix")
     fused_attention: bool = option(True, "use F.scaled_dot_product_attention (False: the written-out math)")
+    score: str = option("dot", "how a query scores a key (head, multihead): dot (scaled dot product) or additive")
+    window: int = option(0, "each query sees only its window newest keys, itself included (0: all of them)")
     # optimization
     batch_size: int = option(64, "sequences per micro-batch, in each process")
     grad_accum: int = option(1, "micro-batches per optimizer step, in each process")
