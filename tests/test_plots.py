@@ -172,14 +172,17 @@ def test_ladder_trains_two_rungs_and_writes_the_table(data_dir, tmp_path, capsys
     assert table in capsys.readouterr().out
     lines = table.splitlines()
     assert "3 steps of 2 x 8 tokens" in lines[0] and "machine:" in lines[0]
-    header = lines.index("| rung | parameters | train loss | val loss | tokens/s | wall time |")
+    header = lines.index("| rung | parameters | train loss | val loss | tokens/s | peak memory | wall time |")
     rows = [line.strip("| ").split(" | ") for line in lines[header + 2:] if line.startswith("|")]
     assert [r[0] for r in rows] == ["01_bigram", "03_head"]
+    assert all(r[5].endswith(" MiB") and float(r[5].split()[0].replace(",", "")) > 0 for r in rows)
+    assert "peak memory: the peak resident memory of the process that trained the rung" in table
 
     saved = json.loads((tmp_path / "ladder.json").read_text())
     assert [r["rung"] for r in saved["rows"]] == ["01_bigram", "03_head"]
     bigram = saved["rows"][0]
     assert bigram["iters"] == 3 and bigram["wall_s"] > 0
+    assert bigram["peak_memory_of"] == "rss" and bigram["peak_memory_bytes"] > 2**20  # torch alone takes more
     assert bigram["parameters"] == 2 * 64 * 16  # the embedding and the output head, V x C each (V padded to 64)
     last = json.loads((tmp_path / "01_bigram/log.jsonl").read_text().splitlines()[-1])
     assert rows[0][3] == f"{last['val_loss']:.4f}" == f"{bigram['val_loss']:.4f}"
@@ -217,7 +220,8 @@ def test_ladder_resumes_a_rung_stopped_part_way_and_keeps_other_settings_runs(da
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--rungs=9"], "no rung '9'"),
+    (["--rungs=12"], "no rung '12'"),
+    (["--rungs=4c"], "no rung '4c'"),
     (["--budget=tpu"], "budget must be cpu or gpu"),
     (["--out_dir=x"], "the ladder sets --out_dir itself"),
     (["--max_iter=3"], "unknown key 'max_iter'"),
@@ -234,7 +238,9 @@ def test_ladder_bad_input_is_one_error_line(args, message, tmp_path, capsys):
 def test_rungs_are_named_by_file_number_or_name():
     assert [p.stem for p in ladder.pick_rungs(["01_bigram,3", "multihead", "08"])] == [
         "01_bigram", "03_head", "04_multihead", "08_full"]
-    assert len(ladder.pick_rungs([])) == 8
+    assert [p.stem for p in ladder.pick_rungs(["9c,4b", "03b", "modern_window32", "9"])] == [
+        "03b_head_additive", "04b_multihead_additive", "09_modern", "09b_modern_window32", "09c_modern_window16"]
+    assert len(ladder.pick_rungs([])) == 13
 
 
 def test_gpu_budget_is_the_reference_run_with_each_rungs_depth():
@@ -244,5 +250,12 @@ def test_gpu_budget_is_the_reference_run_with_each_rungs_depth():
 
     full, head = settings("08_full"), settings("03_head")
     assert (full.n_layer, full.n_head, full.n_embd, full.block_size, full.batch_size) == (6, 6, 384, 256, 64)
-    assert (full.max_iters, full.device, full.dropout) == (5000, "auto", 0.2)
-    assert (head.n_layer, head.mixer, head.n_embd) == (1, "head", 384)  # rungs without residuals stay shallow
+    assert (full.max_iters, full.device, full.dropout) == (5000, "auto", 0.2)  # the 10M model overfits: dropout
+    assert (head.n_layer, head.mixer, head.n_embd, head.dropout) == (1, "head", 384, 0.0)  # no residuals: shallow
+    assert ladder.load_config(train.TrainConfig, [str(ladder.PRESETS / "08_full.toml")]).dropout == 0.0  # CPU
+
+    modern, window = settings("09_modern"), settings("09b_modern_window32")
+    assert (modern.n_layer, modern.dropout, modern.optimizer, modern.pos) == (6, 0.2, "muon", "rope")
+    assert (window.window, window.block_size) == (128, 256)  # half the context, as 32 is of 64
+    additive = settings("04b_multihead_additive")  # its (B, H, T, S, hs) tensor, in four pieces
+    assert (additive.batch_size, additive.grad_accum, additive.score) == (16, 4, "additive")
