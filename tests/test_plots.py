@@ -27,6 +27,16 @@ def run(data_dir, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def additive_run(data_dir, tmp_path_factory):
+    """The same run with additive scores in place of the dot product."""
+    out = tmp_path_factory.mktemp("plots_run") / "tiny_additive"
+    args = ["config/tiny.toml", f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=10", "--eval_interval=5",
+            "--score=additive"]
+    assert train.main(args) == 0
+    return out
+
+
 @pytest.fixture
 def plt():
     pyplot = pytest.importorskip("matplotlib.pyplot", reason="matplotlib is optional: pip install matplotlib")
@@ -78,10 +88,12 @@ def test_without_matplotlib_plot_says_how_to_install_it(run, tmp_path, monkeypat
 # --- Attention ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mixer, heads", [("multihead", 2), ("head", 1), ("average", 1)])
-def test_attention_rows_sum_to_one_and_are_zero_above_the_diagonal(mixer, heads):
+@pytest.mark.parametrize("mixer, heads, score", [("multihead", 2, "dot"), ("head", 1, "dot"), ("average", 1, "dot"),
+                                                 ("multihead", 2, "additive"), ("head", 1, "additive")])
+def test_attention_rows_sum_to_one_and_are_zero_above_the_diagonal(mixer, heads, score):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=8, mixer=mixer)).eval()
+    config = GPTConfig(vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=8, mixer=mixer, score=score)
+    model = GPT(config).eval()
     weights = plot.attention_weights(model, torch.randint(0, 11, (1, 7)))
     assert weights.shape == (3, heads, 7, 7)
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, heads, 7))
@@ -104,7 +116,7 @@ def test_attention_of_a_run_makes_a_png(plt, run, tmp_path):
 
 
 def test_attention_grid_has_one_heatmap_per_layer_and_head(plt, run):
-    fig = plot.plot_attention(plot.AttentionConfig(out_dir=str(run), prompt="the cat"))
+    fig = plot.plot_attention(plot.AttentionConfig(out_dir=[str(run)], prompt="the cat"))
     assert len(heatmaps(fig)) == 2 * 2  # config/tiny.toml: n_layer 2, n_head 2
     image = heatmaps(fig)[-1].get_images()[0].get_array()
     assert image.shape == (7, 7) and image[0, 1:].sum() == 0  # queries down, keys across: query 0 sees key 0
@@ -112,6 +124,35 @@ def test_attention_grid_has_one_heatmap_per_layer_and_head(plt, run):
     fig, grid = plot.draw_attention(plt, torch.rand(2, 3, 5, 5).tril(), list("abcde"))
     assert grid.shape == (2, 3)  # layers down, heads across
     assert [t.get_text() for t in grid[1, 0].get_xticklabels()] == list("abcde")
+
+
+def test_a_windowed_model_draws_a_band():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, window=3)).eval()
+    weights = plot.attention_weights(model, torch.randint(0, 11, (1, 8)))
+    band = torch.ones(8, 8, dtype=torch.bool).tril() & torch.ones(8, 8, dtype=torch.bool).triu(-2)  # 3 newest keys
+    assert (weights[..., ~band] == 0).all() and (weights[..., band] > 0).all()
+
+
+def test_attention_of_two_runs_draws_dot_product_and_additive_heads_side_by_side(plt, run, additive_run, tmp_path):
+    fig = plot.plot_attention(plot.AttentionConfig(out_dir=[str(run), str(additive_run)], prompt="the cat"))
+    panels = fig.subfigs
+    assert len(panels) == 2 and len(heatmaps(fig)) == 2 * (2 * 2)  # each run: 2 layers x 2 heads
+    assert "dot-product scores" in panels[0]._suptitle.get_text() and str(run) in panels[0]._suptitle.get_text()
+    assert "additive scores" in panels[1]._suptitle.get_text()
+    left, right = (heatmaps(panel)[0].get_images()[0].get_array() for panel in panels)
+    assert left.shape == right.shape == (7, 7) and not (left == right).all()  # the same prompt, other weights
+
+    out = tmp_path / "side_by_side.png"
+    assert plot.main(["attention", str(run), str(additive_run), "--prompt=the cat", f"--out={out}"]) == 0
+    (one_width, _), (two_width, _) = png_size_of(plt, run, tmp_path), png_size(out)
+    assert two_width > 1.5 * one_width
+
+
+def png_size_of(plt, run, tmp_path):
+    out = tmp_path / "one.png"
+    assert plot.main(["attention", str(run), "--prompt=the cat", f"--out={out}"]) == 0
+    return png_size(out)
 
 
 def test_a_model_without_attention_has_nothing_to_draw():
