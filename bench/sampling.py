@@ -34,7 +34,7 @@ class BenchConfig:
     block_size: int = option(256, "context length in tokens")
     vocab_size: int = option(65, "vocabulary size")
     pos: str = option("learned", "position encoding: learned, sinusoidal, rope or none (rope slides past block_size)")
-    window: int = option(0, "each query sees only its window newest keys, and the cache holds that many (0: block_size)")
+    window: int = option(0, "each query sees only its window newest keys; the cache holds that many (0: block_size)")
     batch_size: int = option(1, "sequences generated at once")
     prompt_tokens: int = option(1, "length of the (random) prompt")
     max_new_tokens: int = option(500, "tokens generated per run")
