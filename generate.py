@@ -14,11 +14,14 @@ class KVCache:
 
     During generation each new token then costs one position of work, not the
     whole context. Buffers are max_len long and filled in place (torch.cat would
-    copy the whole cache every token). `valid` (B, S) marks real tokens and the
-    left-padding of shorter prompts in the batch; it stays None while none is.
-    Once full, the cache slides: the oldest positions make room for the new
-    (the model allows that only with rope, whose keys do not depend on where
-    the window starts).
+    copy the whole cache every token). max_len is the most keys a query sees:
+    block_size, or the model's window, so a windowed model's cache is bounded by
+    its window however long generation goes. `valid` (B, max_len) marks real
+    tokens and the left-padding of shorter prompts in the batch; it stays None
+    while none is. Once full, the cache slides: the oldest position makes room
+    for the newest (past block_size the model allows that only with rope, whose
+    keys do not depend on where the window starts). More new positions than fit
+    (a prompt longer than a window) are attended to whole, and the newest kept.
     """
 
     def __init__(self, n_layer, max_len):
@@ -26,68 +29,90 @@ class KVCache:
         self.k = [None] * n_layer  # each (B, H, max_len, hs) once used
         self.v = [None] * n_layer
         self.valid = None  # (B, max_len) bool, or None: no padding anywhere
-        self.length = 0  # positions held, the new ones included
+        self.held = 0  # positions in the buffers before this step's
+        self.length = 0  # positions this step attends to (S): the held ones and the new
         self.seen = 0  # positions ever added: the next one's position
+        self.real = 0  # real (not padding) tokens ever added, per row (B, 1) once there is padding
+        self.dropped = 0  # real tokens before the first one attended to, per row: the window slid past them
         self.layer = 0  # which layer's extend() comes next
 
     def __len__(self):
         return self.length
 
+    def nbytes(self):
+        """Bytes in the key and value buffers: they never grow past max_len positions."""
+        return sum(buf.numel() * buf.element_size() for buf in (*self.k, *self.v) if buf is not None)
+
     def advance(self, valid, T):
-        """Makes room for T new positions, valid (B, T) or None for all real.
-        Returns the validity of all S positions, or None when none is padding."""
-        drop = self.length + T - self.max_len
-        if drop > 0:  # full: slide the window, dropping the oldest positions
-            keep = self.length - drop
+        """Makes room for T new positions, valid (B, T) or None for all real. Returns
+        the validity of the S positions they attend to, or None when none is padding."""
+        held = min(self.length, self.max_len)  # a step that overflowed kept only the newest max_len
+        if T == 1 and held == self.max_len:  # full: slide the window, dropping the oldest position
             for buf in (*self.k, *self.v):
                 if buf is not None:
-                    buf[:, :, :keep] = buf[:, :, drop : self.length].clone()
+                    buf[:, :, :-1] = buf[:, :, 1:].clone()
             if self.valid is not None:
-                self.valid[:, :keep] = self.valid[:, drop : self.length].clone()
-            self.length = keep
+                self.valid[:, :-1] = self.valid[:, 1:].clone()
+            held -= 1
+        self.held, self.length, self.layer = held, held + T, 0
         if valid is not None and self.valid is None:
             self.valid = torch.ones(valid.size(0), self.max_len, dtype=torch.bool, device=valid.device)
-        if self.valid is not None:
-            self.valid[:, self.length : self.length + T] = True if valid is None else valid
-        self.length += T
+            self.real = self.seen  # every token before this one was real
         self.seen += T
-        self.layer = 0
-        return None if self.valid is None else self.valid[:, : self.length]
+        if self.valid is None:
+            return None
+        new = torch.ones(self.valid.size(0), T, dtype=torch.bool, device=self.valid.device) if valid is None else valid
+        all_valid = torch.cat([self.valid[:, :held], new], dim=1)  # (B, S)
+        self.valid[:, : min(self.length, self.max_len)] = all_valid[:, -self.max_len :]
+        self.real = self.real + new.sum(dim=1, keepdim=True)  # (B, 1)
+        self.dropped = self.real - all_valid.sum(dim=1, keepdim=True)  # (B, 1)
+        return all_valid
 
     def extend(self, k, v):
         """Adds this layer's new keys and values; returns them for all S positions."""
         i, self.layer = self.layer, self.layer + 1
-        start = self.length - v.size(2)
         if self.v[i] is None:
             B, H, _, hs = v.shape
             self.v[i] = v.new_empty(B, H, self.max_len, hs)
             self.k[i] = None if k is None else k.new_empty(B, H, self.max_len, hs)
-        self.v[i][:, :, start : self.length] = v
+        held, S = self.held, self.length
+        if S <= self.max_len:  # room for them: written in place, read as views of the buffers
+            self.v[i][:, :, held:S] = v
+            if k is not None:
+                self.k[i][:, :, held:S] = k
+            return (None if k is None else self.k[i][:, :, :S]), self.v[i][:, :, :S]  # (B, H, S, hs)
+        # More than the buffers hold: attend to copies, and keep the newest max_len.
+        v = torch.cat([self.v[i][:, :, :held], v], dim=2)  # (B, H, S, hs)
+        self.v[i].copy_(v[:, :, -self.max_len :])
         if k is not None:
-            self.k[i][:, :, start : self.length] = k
-        k = None if k is None else self.k[i][:, :, : self.length]
-        return k, self.v[i][:, :, : self.length]  # (B, H, S, hs) views of the buffers
+            k = torch.cat([self.k[i][:, :, :held], k], dim=2)  # (B, H, S, hs)
+            self.k[i].copy_(k[:, :, -self.max_len :])
+        return k, v
 
 
 @torch.no_grad()
 def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-           valid=None, use_cache=True, generator=None):
+           valid=None, use_cache=True, generator=None, new_cache=KVCache):
     """Yields the next token (B, 1) of every row, one step at a time.
 
     Call model.eval() first. Past block_size the context window moves on.
     With rope, attention reads only offsets between positions, so the cache
     slides a token at a time and is never rebuilt; without a cache the model
-    reads the last n_layer * (block_size - 1) + 1 tokens, all that the newest
-    one depends on when each query sees block_size keys: both give the same
-    tokens. With learned or sinusoidal positions every cached key is wrong
-    once the window moves (positions shift), and sliding would mean a rebuild
-    every token, as slow as no cache. So the window jumps, dropping its oldest
-    quarter: one rebuild per block_size/4 tokens, always at least 3/4 of a
-    block of context. Without a cache the window jumps the same way.
+    reads the last n_layer * (span - 1) + 1 tokens, all that the newest one
+    depends on when each query sees the span newest keys (the window, or
+    block_size): both give the same tokens. With learned or sinusoidal
+    positions every cached key is wrong once the window moves (positions
+    shift), and sliding would mean a rebuild every token, as slow as no cache.
+    So the window jumps, dropping its oldest quarter: one rebuild per
+    block_size/4 tokens, always at least 3/4 of a block of context. Without a
+    cache the window jumps the same way. A cache holds the span newest keys
+    only, so a windowed model's memory is bounded by its window. new_cache
+    makes the caches (n_layer, max_len), for a caller that watches them.
     """
     block = model.config.block_size
+    span = model.config.window or block  # the most keys a query sees
     slides = model.config.pos == "rope"
-    reach = model.config.n_layer * (block - 1) + 1 if slides else block  # the context the newest token reads
+    reach = model.config.n_layer * (span - 1) + 1 if slides else block  # the context the newest token reads
     keep = reach if slides else block - max(1, block // 4)  # tokens left in the window after it moves
     idx = idx[:, -block:]
     valid = None if valid is None else valid[:, -block:]
@@ -100,7 +125,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
         if cache is not None:
             logits, _ = model(idx[:, -1:], cache=cache, last_only=True)  # only the newest is not cached
         else:
-            cache = KVCache(model.config.n_layer, block) if use_cache else None
+            cache = new_cache(model.config.n_layer, span) if use_cache else None
             logits, _ = model(idx, valid=valid, cache=cache, last_only=True)
         next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B, 1)
         idx = torch.cat([idx, next_token], dim=1)

@@ -1,13 +1,14 @@
 """Trains every rung of the ladder (config/ladder/*.toml) on one budget, and tabulates them.
 
-    python ladder.py                   # the CPU budget (the presets as written): under 30 minutes on 2 cores
+    python ladder.py                   # the CPU budget (the presets as written): rungs 1-8 under 30 minutes on 2 cores
     python ladder.py --budget=gpu      # the 5000-step reference settings (block 256, 384 wide)
     python ladder.py --rungs=3,4 --max_iters=500 --lr_decay_iters=500 --out=out/try   # train.py options pass through
 
-Each rung trains with train.py into OUT/RUNG. Then the table (rung, parameters,
-final train and val loss, median tokens/s, wall time) is printed and written to
-OUT/ladder.md and OUT/ladder.json. Run the same command again and a finished rung
-is skipped, one stopped part way (Ctrl-C) resumes; --force trains them again.
+Each rung trains with train.py into OUT/RUNG, in a process of its own so that its
+peak memory is its own. Then the table (rung, parameters, final train and val loss,
+median tokens/s, peak memory, wall time) is printed and written to OUT/ladder.md and
+OUT/ladder.json. Run the same command again and a finished rung is skipped, one
+stopped part way (Ctrl-C) resumes; --force trains them again.
 """
 
 import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
@@ -16,7 +17,10 @@ import dataclasses
 import json
 import os
 import platform
+import re
+import signal
 import statistics
+import subprocess
 import sys
 import time
 import typing
@@ -33,7 +37,8 @@ from files import write_atomic, write_error
 from model import GPT, GPTConfig
 from tokenizer import cpu_count
 
-PRESETS = Path(__file__).resolve().parent / "config" / "ladder"
+ROOT = Path(__file__).resolve().parent
+PRESETS = ROOT / "config" / "ladder"
 
 # Each budget's settings on top of the presets. The CPU budget is the presets as
 # written; the GPU one is the reference run's shape (config/shakespeare_char.toml).
@@ -43,8 +48,15 @@ BUDGETS = {
             "max_iters": 5000, "lr_decay_iters": 5000, "eval_interval": 250},
 }
 GPU_DEEP_LAYERS = 6  # on the GPU budget the residual rungs get the reference's depth; the others keep theirs
+# Dropout suits the GPU budget, where the 10M model overfits, and not the CPU one, where the 0.8M
+# model underfits: on the GPU the rungs from the full GPT (rung 8) on get the reference's 0.2.
+FULL_GPT_RUNG, GPU_DROPOUT = 8, 0.2
+# Additive scores hold a (B, H, T, S, hs) tensor: 6.4 GB a layer at batch 64 and block 256 in fp32.
+# On the GPU budget those rows take their 64 sequences a step in 4 micro-batches of 16.
+GPU_ADDITIVE_ACCUM = 4
 LADDER_OWNS = ("out_dir", "init_from", "overwrite")  # train.py options the ladder sets itself
-COLUMNS = ("rung", "parameters", "train loss", "val loss", "tokens/s", "wall time")
+COLUMNS = ("rung", "parameters", "train loss", "val loss", "tokens/s", "peak memory", "wall time")
+PEAK_FILE = "peak_memory.json"  # written into each rung's directory by the process that trained it
 USAGE = "usage: python ladder.py [--budget=cpu|gpu] [--rungs=RUNG,...] [--out=DIR] [--force] [TRAIN.PY OPTIONS]"
 DESCRIPTION = "Trains every rung in config/ladder/ on one budget and tabulates them."
 
@@ -91,16 +103,22 @@ def split_args(argv):
     return own, overrides
 
 
+def rung_label(number):
+    """A rung's number as people say it: '08' and '8' are 8, '04b' is 4b (a row beside rung 4)."""
+    return number.lstrip("0") or "0"
+
+
 def pick_rungs(wanted):
-    """The presets named in wanted (03_head, 3 or head), in ladder order; all if none."""
+    """The presets named in wanted (03_head, 3, head; 04b_multihead_additive, 4b, ...), in ladder order;
+    all if none. The files' names sort in the order of the lesson: 04_multihead, 04b_..., 05_..."""
     presets = sorted(PRESETS.glob("*.toml"))
     if not presets:
         raise UserError(f"no presets in {PRESETS}; the ladder needs config/ladder/*.toml")
-    names = {p: {p.stem, p.stem.split("_", 1)[-1], str(int(p.stem.split("_", 1)[0]))} for p in presets}
+    names = {p: {p.stem, p.stem.split("_", 1)[-1], rung_label(p.stem.split("_", 1)[0])} for p in presets}
     chosen = set()
     for item in wanted:
         for name in filter(None, (n.strip() for n in item.split(","))):
-            hits = {p for p in presets if (str(int(name)) if name.isdigit() else name) in names[p]}
+            hits = {p for p in presets if (rung_label(name) if re.fullmatch(r"\d+[a-z]?", name) else name) in names[p]}
             if not hits:
                 raise UserError(f"--rungs: no rung {name!r}; the rungs are {', '.join(p.stem for p in presets)}")
             chosen |= hits
@@ -110,8 +128,17 @@ def pick_rungs(wanted):
 def budget_args(budget, preset):
     """The --key=value settings that put preset on the budget."""
     settings = dict(BUDGETS[budget])
-    if budget == "gpu" and load_config(train.TrainConfig, [str(preset)]).residual:
-        settings["n_layer"] = GPU_DEEP_LAYERS
+    if budget == "gpu":
+        cfg = load_config(train.TrainConfig, [str(preset)])
+        if cfg.residual:
+            settings["n_layer"] = GPU_DEEP_LAYERS
+        if int(re.match(r"\d+", preset.stem).group()) >= FULL_GPT_RUNG:
+            settings["dropout"] = GPU_DROPOUT
+        if cfg.window:  # the same share of the longer context
+            settings["window"] = cfg.window * settings["block_size"] // cfg.block_size
+        if cfg.score == "additive":
+            settings["batch_size"] //= GPU_ADDITIVE_ACCUM
+            settings["grad_accum"] = GPU_ADDITIVE_ACCUM
     return [f"--{k}={v}" for k, v in settings.items()]
 
 
@@ -124,7 +151,9 @@ def run_state(out_dir, cfg):
         return "new", {}
     ckpt = load_checkpoint(out_dir / "ckpt.pt")
     now, then = dataclasses.asdict(cfg), ckpt["train_config"]
-    diff = {k: (then.get(k), v) for k, v in now.items() if k not in LADDER_OWNS and then.get(k) != v}
+    defaults = dataclasses.asdict(train.TrainConfig())  # for options newer than the run: it had their default
+    diff = {k: (then.get(k, defaults[k]), v) for k, v in now.items()
+            if k not in LADDER_OWNS and then.get(k, defaults[k]) != v}
     if diff:
         return "different", diff
     done = ckpt["iter"] >= cfg.max_iters and ckpt["val_loss"] is not None  # None: saved on a signal
@@ -140,15 +169,70 @@ def read_wall(out_dir):
 
 
 def train_rung(args, out_dir, resuming):
-    """Runs train.py in this process (it seeds itself) and keeps its wall time; returns its exit code."""
+    """Runs train.py in a child process and keeps its wall time; returns its exit code.
+
+    A process of its own, because a process's peak memory never comes back down: in
+    this one, each rung would show the largest peak of the rungs before it.
+    """
     before = (read_wall(out_dir) or 0.0) if resuming else 0.0
     t0 = time.perf_counter()
-    code = train.main(args)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(ROOT), *args])
+    # Ctrl-C reaches the child by itself (the terminal signals its whole process group); a SIGTERM
+    # sent to the ladder alone is passed on. Either way the child saves a checkpoint and stops.
+    previous = {s: signal.signal(s, lambda signum, frame: child.send_signal(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     if out_dir.is_dir():
         wall = json.dumps({"wall_s": before + time.perf_counter() - t0}) + "\n"
         with contextlib.suppress(OSError):  # the time is a nicety: a full disk must not hide the run's exit code
             write_atomic(out_dir / "wall_time.json", wall.encode())
     return code
+
+
+# The child process: python -c CHILD ROOT TRAIN.PY-ARGS; train_child runs in it.
+CHILD = "import sys; sys.path.insert(0, sys.argv[1]); import ladder; sys.exit(ladder.train_child(sys.argv[2:]))"
+
+
+def train_child(args):
+    """train.py with args in this process (it seeds itself), then the process's peak memory
+    into OUT_DIR/peak_memory.json: the largest over its resumes."""
+    code = train.main(args)
+    cfg = load_config(train.TrainConfig, args)
+    path = Path(cfg.out_dir) / PEAK_FILE
+    if path.parent.is_dir():
+        peak = peak_memory()
+        earlier = read_peak(path.parent) if cfg.init_from == "resume" else None
+        if earlier and earlier["of"] == peak["of"] and (peak["bytes"] or 0) < (earlier["bytes"] or 0):
+            peak = earlier
+        write_atomic(path, (json.dumps(peak) + "\n").encode())
+    return code
+
+
+def peak_memory():
+    """{"bytes": ..., "of": ...}: the peak of memory allocated to tensors on the GPU ("cuda") if
+    this process used one, else the process's peak resident set ("rss": all its memory in RAM,
+    torch's own included)."""
+    if torch.cuda.is_available() and torch.cuda.max_memory_allocated() > 0:
+        return {"bytes": torch.cuda.max_memory_allocated(), "of": "cuda"}
+    try:
+        import resource
+    except ImportError:  # Windows has no getrusage
+        return {"bytes": None, "of": "rss"}
+    kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes, not kilobytes, on macOS
+    return {"bytes": kilobytes * (1 if sys.platform == "darwin" else 1024), "of": "rss"}
+
+
+def read_peak(out_dir):
+    """The run's peak memory as train_child wrote it, or None (not trained by this ladder)."""
+    try:
+        record = json.loads((out_dir / PEAK_FILE).read_text())
+        return record if isinstance(record, dict) and "bytes" in record and "of" in record else None
+    except (OSError, ValueError):
+        return None
 
 
 def summarize(name, out_dir):
@@ -157,10 +241,11 @@ def summarize(name, out_dir):
     final = [r for r in records if "val_loss" in r][-1]
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     model_config = load_checkpoint(out_dir / "ckpt.pt")["model_config"]
+    peak = read_peak(out_dir) or {"bytes": None, "of": None}
     return {"rung": name, "parameters": GPT(GPTConfig(**model_config)).num_params(), "iters": final["iter"],
             "train_loss": final["train_loss"], "val_loss": final["val_loss"],
-            "tokens_per_s": statistics.median(speeds) if speeds else None, "wall_s": read_wall(out_dir),
-            "out_dir": str(out_dir)}
+            "tokens_per_s": statistics.median(speeds) if speeds else None, "peak_memory_bytes": peak["bytes"],
+            "peak_memory_of": peak["of"], "wall_s": read_wall(out_dir), "out_dir": str(out_dir)}
 
 
 # --- The table -----------------------------------------------------------------------------
@@ -178,13 +263,17 @@ def machine():
     return f"{cpu} ({cpu_count()} cores, {torch.get_num_threads()} torch threads){gpu}, torch {torch.__version__}"
 
 
-def describe_budget(budget, cfg, overrides):
-    """One line saying what every rung trained on, for above the table."""
+def describe_budget(budget, configs, overrides):
+    """One line saying what every rung trained on, for above the table: configs {rung: TrainConfig}."""
+    cfg = next(iter(configs.values()))
     extra = f", with {' '.join(overrides)}" if overrides else ""
     loss_on = "the whole val split" if cfg.eval_iters == 0 else f"{cfg.eval_iters} val batches"
+    recipe = lambda c: (c.optimizer, c.learning_rate)  # noqa: E731
+    own = [name for name, c in configs.items() if recipe(c) != recipe(cfg)]  # e.g. the modern GPT's Muon
+    except_own = f" ({', '.join(own)}: the optimizer and learning rates of their presets)" if own else ""
     return (f"budget {budget}{extra}: {cfg.max_iters} steps of {cfg.batch_size} x {cfg.block_size} tokens, "
-            f"{cfg.n_embd} wide, {cfg.n_head} heads, learning rate {cfg.learning_rate:g}; "
-            f"losses at the last step, on {loss_on}")
+            f"{cfg.n_embd} wide, {cfg.n_head} heads, {cfg.optimizer} at learning rate {cfg.learning_rate:g}"
+            f"{except_own}; losses at the last step, on {loss_on}")
 
 
 def minutes(seconds):
@@ -195,12 +284,19 @@ def markdown(rows, header):
     lines = [header, "", "| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
     for r in rows:
         speed = "?" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
+        memory = "?" if r.get("peak_memory_bytes") is None else f"{r['peak_memory_bytes'] / 2**20:,.0f} MiB"
         cells = (r["rung"], f"{r['parameters']:,}", f"{r['train_loss']:.4f}", f"{r['val_loss']:.4f}", speed,
-                 minutes(r["wall_s"]))
+                 memory, minutes(r["wall_s"]))
         lines.append("| " + " | ".join(cells) + " |")
     walls = [r["wall_s"] for r in rows]
     total = f", {minutes(sum(walls))} in all" if None not in walls else ""
-    lines += ["", f"tokens/s: the median logged training step; wall time: training and evaluation{total}."]
+    kinds = {r.get("peak_memory_of") for r in rows} - {None}
+    memory = {"rss": "the peak resident memory of the process that trained the rung, in training or in "
+                     "evaluation (4 batches at once), torch's own memory included (see the bigram's row)",
+              "cuda": "the peak of GPU memory allocated to tensors while the rung trained"}
+    lines += ["", f"tokens/s: the median logged training step; peak memory: "
+              f"{'; or '.join(memory[k] for k in sorted(kinds)) or 'not measured'}; "
+              f"wall time: training and evaluation, in a fresh process{total}."]
     return "\n".join(lines) + "\n"
 
 
@@ -238,7 +334,6 @@ def main(argv):
         elif state == "stopped":
             args.append("--init_from=resume")
         plan.append((preset.stem, out_dir, args, state, rung_cfg))
-    first_cfg = plan[0][4]
 
     rows = []
     for n, (name, out_dir, args, state, _) in enumerate(plan, 1):
@@ -254,7 +349,8 @@ def main(argv):
                 return code
         rows.append(summarize(name, out_dir))
 
-    header = f"{describe_budget(cfg.budget, first_cfg, overrides)}; machine: {machine()}"
+    configs = {name: rung_cfg for name, _, _, _, rung_cfg in plan}
+    header = f"{describe_budget(cfg.budget, configs, overrides)}; machine: {machine()}"
     table = markdown(rows, header)
     print(table, end="")
     record = {"budget": cfg.budget, "overrides": overrides, "machine": machine(), "rows": rows}

@@ -5,14 +5,14 @@ each, so every rung of the ladder is a model that trains (see config/ladder/):
 
     bigram            each token looks up its next-token logits; no communication
     CausalAverage     each position averages itself and everything before it
-    Head              one head of scaled dot-product self-attention
+    Head              one head of self-attention: scaled dot-product, or additive scores
     MultiHeadAttention  several heads in parallel, one fused q/k/v projection
     FeedForward       a per-position MLP after the communication
     Block             residual connections and pre-norm LayerNorm around both
     GPT               embeddings, a stack of blocks, and the output head
 
 Shapes: B batch, T time (positions), C channels (n_embd), H heads, V vocabulary,
-S key positions (equals T unless a KV cache holds earlier positions).
+S key positions (equals T unless a KV cache holds earlier positions), hs head size.
 This file knows nothing of files or tokenizers: ids in, logits out.
 """
 
@@ -24,8 +24,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import generate  # the KV cache and the decoding loop, kept apart from the lesson
+from positions import rope_frequencies, rotate, sinusoidal_positions  # the encodings past a learned table
 
 MIXERS = ("none", "average", "head", "multihead")
+SCORES = ("dot", "additive")  # how a query scores a key: q·k/sqrt(hs), or wᵀ tanh(q + k)
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
 GELUS = ("exact", "tanh")  # tanh: the approximation GPT-2 was trained with
 
@@ -49,22 +51,26 @@ class GPTConfig:
     tie_weights: bool = True  # output head shares the token embedding matrix
     gelu: str = "exact"  # the feed-forward's GELU: one of GELUS
     fused_attention: bool = True  # F.scaled_dot_product_attention vs written out
+    score: str = "dot"  # how a query scores a key, in head and multihead: one of SCORES
+    window: int = 0  # each query sees only its `window` newest keys, itself included (0: all of them)
 
     def __post_init__(self):
-        if self.mixer not in MIXERS:
-            raise ValueError(f"mixer must be one of {MIXERS}, got {self.mixer!r}")
-        if self.pos not in POSITIONS:
-            raise ValueError(f"pos must be one of {POSITIONS}, got {self.pos!r}")
-        if self.gelu not in GELUS:
-            raise ValueError(f"gelu must be one of {GELUS}, got {self.gelu!r}")
+        for name, allowed in (("mixer", MIXERS), ("pos", POSITIONS), ("gelu", GELUS), ("score", SCORES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.mixer == "multihead" and self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.pos == "rope" and (self.mixer not in ("head", "multihead") or self.head_size % 2):
             raise ValueError(f"pos 'rope' turns pairs of query and key channels: it needs mixer head or "
                              f"multihead and an even head size, got mixer {self.mixer!r}, head size {self.head_size}")
+        if self.score == "additive" and (self.pos == "rope" or self.mixer not in ("head", "multihead")):
+            raise ValueError(f"score 'additive' needs mixer head or multihead and a pos other than rope (whose angles "
+                             f"cancel in q·k, not in q + k); got mixer {self.mixer!r}, pos {self.pos!r}")
         for name in ("vocab_size", "block_size", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.window <= self.block_size:
+            raise ValueError(f"window must be 0 (all keys) to block_size ({self.block_size}), got {self.window}")
         if self.real_vocab_size is not None and not 1 <= self.real_vocab_size <= self.vocab_size:
             raise ValueError(f"real_vocab_size must be 1 to vocab_size ({self.vocab_size}), got {self.real_vocab_size}")
 
@@ -129,14 +135,18 @@ class CausalAverage(nn.Module):
 # --- Rung 3: one head of self-attention --------------------------------------------
 
 
-def explicit_attention(q, k, v, mask=None, dropout=None):
-    """Scaled dot-product attention, written out. Returns (output, weights).
+def explicit_attention(q, k, v, mask=None, dropout=None, score_vector=None):
+    """Attention written out. Returns (output, weights).
 
-    q (..., T, hs), k and v (..., S, hs). Scaling by 1/sqrt(hs) keeps the
-    scores at unit variance, so the softmax does not saturate into one-hot.
+    q (..., T, hs), k and v (..., S, hs). Scaled dot-product scores, where scaling
+    by 1/sqrt(hs) keeps them at unit variance, so the softmax does not saturate
+    into one-hot; or, given a score_vector, additive ones (additive_scores).
     """
     T, S = q.size(-2), k.size(-2)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T, S)
+    if score_vector is None:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T, S)
+    else:
+        scores = additive_scores(q, k, score_vector)  # (..., T, S)
     if mask is None:
         mask = causal_mask(T, S, q.device)
     scores = scores.masked_fill(~mask, float("-inf"))  # no looking ahead, no padding
@@ -146,21 +156,20 @@ def explicit_attention(q, k, v, mask=None, dropout=None):
     return weights @ v, weights  # (..., T, hs), (..., T, S)
 
 
-def rope_frequencies(head_size, base=10000.0):
-    """(hs/2,): the turning rates of rotary position embedding (RoPE).
+def additive_scores(q, k, score_vector):
+    """Additive (Bahdanau) scores wᵀ tanh(q + k), a small network where the dot product is a product:
+    (B, H, T, S) for q (B, H, T, hs) and k (B, H, S, hs), which are W_q x and W_k x already (the head's
+    query and key projections). score_vector (H * hs,) holds each head's w (score_vectors)."""
+    # One hs-vector per (query, key) pair where the dot product has one number: hs times the
+    # memory of the scores, held for the backward pass too (tanh's gradient reads it), and no
+    # fused kernel avoids it. Batch 64, block 256, 6 heads of 64: 6.4 GB a layer, not 0.1.
+    hidden = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))  # (B, H, T, S, hs)
+    return torch.einsum("bhtsd,hd->bhts", hidden, score_vector.view(q.size(1), -1))  # (B, H, T, S)
 
-    RoPE turns each pair of query and key channels by an angle that grows with
-    the position, pair i at its own rate base^(-2i/hs). A query at t and a key
-    at s then score by their offset t - s alone: positions become relative.
-    """
-    return base ** (-torch.arange(0, head_size, 2).float() / head_size)
 
-
-def rotate(x, rope):
-    """x (B, H, T, hs) with channels i and i + hs/2 turned by their angles in rope."""
-    cos, sin = rope  # each (T, hs/2)
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, H, T, hs)
+def score_vectors(n_head, head_size):
+    """additive_scores' w, flat (H * hs,): a vector, so no weight decay and no Muon, like a gain."""
+    return nn.Parameter(torch.randn(n_head * head_size) / math.sqrt(head_size))
 
 
 class Head(nn.Module):
@@ -174,6 +183,7 @@ class Head(nn.Module):
         self.key = nn.Linear(config.n_embd, head_size, bias=False)
         self.value = nn.Linear(config.n_embd, head_size, bias=False)
         self.dropout = nn.Dropout(config.dropout)
+        self.score_vector = score_vectors(1, head_size) if config.score == "additive" else None
         self.weights = None  # the last attention weights, kept for inspection
 
     def forward(self, x, mask=None, cache=None, rope=None):
@@ -184,7 +194,7 @@ class Head(nn.Module):
             q, k = rotate(q, rope), rotate(k, rope)  # cached keys keep their rotation
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, 1, S, hs)
-        out, self.weights = explicit_attention(q, k, v, mask, self.dropout)  # (B, 1, T, hs)
+        out, self.weights = explicit_attention(q, k, v, mask, self.dropout, self.score_vector)  # (B, 1, T, hs)
         return out.squeeze(1)  # (B, T, hs)
 
 
@@ -195,9 +205,9 @@ class MultiHeadAttention(nn.Module):
     """n_head heads side by side, each of size n_embd / n_head, then a projection.
 
     The per-head query/key/value matrices are stacked into one Linear, so the
-    heads cost one matmul instead of a Python loop. By default the attention runs
-    in PyTorch's fused kernel; `fused_attention=False`, or setting
-    `keep_weights`, runs the written-out version above and keeps the weights.
+    heads cost one matmul instead of a Python loop. Dot-product scores run in PyTorch's
+    fused kernel by default; `fused_attention=False`, setting `keep_weights`, or additive
+    scores (no kernel computes them) run the written-out version above, which keeps weights.
     """
 
     def __init__(self, config):
@@ -208,6 +218,7 @@ class MultiHeadAttention(nn.Module):
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.fused = config.fused_attention
+        self.score_vector = score_vectors(config.n_head, config.head_size) if config.score == "additive" else None
         self.keep_weights = False
         self.weights = None
 
@@ -219,7 +230,7 @@ class MultiHeadAttention(nn.Module):
             q, k = rotate(q, rope), rotate(k, rope)  # cached keys keep their rotation
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, H, S, hs)
-        if self.fused and not self.keep_weights:
+        if self.fused and not self.keep_weights and self.score_vector is None:
             p = self.attn_dropout.p if self.training else 0.0
             # is_causal only describes the square case; otherwise the mask says it all,
             # and one query (the newest position) may see every key: no mask needed.
@@ -228,7 +239,7 @@ class MultiHeadAttention(nn.Module):
                 mask = causal_mask(T, k.size(2), x.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=square)
         else:
-            out, weights = explicit_attention(q, k, v, mask, self.attn_dropout)  # (B, H, T, hs)
+            out, weights = explicit_attention(q, k, v, mask, self.attn_dropout, self.score_vector)  # (B, H, T, hs)
             self.weights = weights if self.keep_weights else None
         out = out.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
         return self.resid_dropout(self.c_proj(out))
@@ -291,16 +302,6 @@ class Block(nn.Module):
 # --- The whole model ----------------------------------------------------------------
 
 
-def sinusoidal_positions(block_size, n_embd):
-    """(block_size, n_embd) fixed encodings from "Attention Is All You Need"."""
-    pos = torch.arange(block_size).float()[:, None]  # (T, 1)
-    freq = torch.exp(torch.arange(0, n_embd, 2).float() * (-math.log(10000.0) / n_embd))  # (C/2,)
-    table = torch.zeros(block_size, n_embd)
-    table[:, 0::2] = torch.sin(pos * freq)
-    table[:, 1::2] = torch.cos(pos * freq)[:, : n_embd // 2]
-    return table
-
-
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -360,11 +361,12 @@ class GPT(nn.Module):
         all_valid = valid if cache is None else cache.advance(valid, T)  # (B, S) or None: no padding
         if all_valid is None or relative:  # rope reads offsets only, and left-padding keeps those
             pos = torch.arange(past, past + T, device=idx.device)  # (T,)
-        else:
-            pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, -T:]  # (B, T)
+        else:  # each row counts from its first real token, and from those a window's cache slid past
+            pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, -T:] + (0 if cache is None else cache.dropped)
         mask = None if all_valid is None else attention_mask(all_valid, T)  # (B, 1, T, S); None: plainly causal
-        if T > block:  # rope past block_size, no cache: each query sees the block_size newest keys
-            band = causal_mask(T, T, idx.device, window=block)  # (T, T)
+        S, span = (T if cache is None else len(cache)), self.config.window or block
+        if S > span:  # a window, or rope past block_size: each query sees only the span newest keys
+            band = causal_mask(T, S, idx.device, window=span)  # (T, S)
             mask = band if mask is None else mask & band
         x = self.wte(idx)  # (B, T, C)
         if self.config.pos == "learned":

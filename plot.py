@@ -2,12 +2,14 @@
 
     python plot.py losses out/ladder/06_residual out/ladder/07_layernorm --out=losses.png
     python plot.py attention --out_dir=out/shakespeare_char_cpu --prompt="ROMEO: But soft" --out=attention.png
+    python plot.py attention out/ladder/04_multihead out/ladder/04b_multihead_additive --prompt="ROMEO: But soft"
     python plot.py losses --help
 
 losses     train and val loss against the step, from each run's OUT_DIR/log.jsonl
 attention  for a prompt, the attention weights of every layer (rows) and head
            (columns) of a checkpoint: queries down, keys across, so the causal
-           triangle shows, and what each head looks at
+           triangle shows, and what each head looks at; name two runs or more
+           and they are drawn side by side (dot-product against additive scores)
 
 Needs matplotlib (pip install matplotlib); it writes files and never opens a window.
 """
@@ -41,8 +43,10 @@ class LossesConfig:
 
 @dataclass
 class AttentionConfig:
-    out_dir: str = option("out", "the run directory holding the checkpoint; also given without --out_dir=")
-    checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); empty: best.pt if it exists")
+    out_dir: list[str] = option(["out"], "the run directories holding the checkpoints, drawn side by side; "
+                                         "also given without --out_dir=")
+    checkpoint: str = option("", "which checkpoint in each run: best.pt (the lowest val loss) or ckpt.pt (the "
+                             "latest); empty: best.pt when it exists")
     prompt: str = option("", "the text whose attention to draw, at most block_size tokens")
     out: str = option("attention.png", "the image to write (.png, .svg or .pdf)")
 
@@ -177,13 +181,23 @@ def token_labels(tokenizer, ids):
 
 def draw_attention(plt, weights, labels, title=""):
     """(figure, grid of axes) with one heatmap per layer (row) and head (column)."""
+    L, H, _, _ = weights.shape
+    cell = heatmap_inches(L, H)
+    fig = plt.figure(figsize=(cell * H + 1.2, cell * L + 0.6), dpi=100, layout="constrained")
+    return fig, draw_heatmaps(fig, weights, labels, title)
+
+
+def heatmap_inches(L, H):
+    return max(2.0, min(3.2, 13 / max(L, H)))  # per heatmap: smaller when there are many
+
+
+def draw_heatmaps(panel, weights, labels, title=""):
+    """The grid of axes, drawn into panel (a figure, or one of its subfigures)."""
     from matplotlib.colors import PowerNorm
 
     L, H, T, _ = weights.shape
     longest = max(len(label) for label in labels)  # single characters stand upright; longer tokens turn
-    cell = max(2.0, min(3.2, 13 / max(L, H)))  # inches per heatmap
-    fig, grid = plt.subplots(L, H, figsize=(cell * H + 1.2, cell * L + 0.6), dpi=100, squeeze=False,
-                             sharex=True, sharey=True, layout="constrained")
+    grid = panel.subplots(L, H, squeeze=False, sharex=True, sharey=True)
     # A square-root scale: most weights are small, and a linear one would show only the largest.
     norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
     for layer in range(L):
@@ -195,31 +209,59 @@ def draw_attention(plt, weights, labels, title=""):
                 ax.set_xticks(range(T), labels, fontsize=7, rotation=90 if longest > 1 else 0)
                 ax.set_yticks(range(T), labels, fontsize=7)
             ax.tick_params(length=0)
-    fig.supxlabel("key (the position attended to)", fontsize=9)
-    fig.supylabel("query (the position attending)", fontsize=9)
-    fig.colorbar(image, ax=grid, shrink=0.6, label="attention weight")
+    panel.supxlabel("key (the position attended to)", fontsize=9)
+    panel.supylabel("query (the position attending)", fontsize=9)
+    panel.colorbar(image, ax=grid, shrink=0.6, label="attention weight")
     if title:
-        fig.suptitle(title, fontsize=10)
-    return fig, grid
+        panel.suptitle(title, fontsize=10)
+    return grid
 
 
-def plot_attention(cfg):
-    """The attention-grid figure for cfg (AttentionConfig)."""
-    if not cfg.prompt:
-        raise UserError("--prompt is empty; give the text whose attention to draw, e.g. --prompt='ROMEO: But soft'")
-    path = checkpoint_path(cfg.out_dir, cfg.checkpoint)
+def describe_model(config):
+    """What a run's attention is, in a few words, for its title: 'additive scores, window 16'."""
+    words = ["additive scores" if config.score == "additive" else "dot-product scores"]
+    if config.mixer not in ("head", "multihead"):
+        words = [{"average": "causal average", "none": "no attention"}[config.mixer]]
+    if config.window:
+        words.append(f"window {config.window}")
+    return ", ".join(words)
+
+
+def run_attention(run, cfg):
+    """(weights (L, H, T, T), token labels, title) for one run's checkpoint on cfg.prompt."""
+    path = checkpoint_path(run, cfg.checkpoint)
     model, tokenizer = load_model(path, "cpu")
     unknown = tokenizer.unknown(cfg.prompt)
     if unknown:
-        raise UserError(f"--prompt has {len(unknown)} character(s) the model never saw: "
+        raise UserError(f"--prompt has {len(unknown)} character(s) the model in {run} never saw: "
                         f"{', '.join(repr(ch) for ch in unknown[:10])}; remove them")
     ids = tokenizer.encode(cfg.prompt)
     if len(ids) > model.config.block_size:
         raise UserError(f"--prompt is {len(ids)} tokens, longer than the model's block_size "
-                        f"{model.config.block_size}; shorten it")
+                        f"{model.config.block_size} in {run}; shorten it")
     weights = attention_weights(model, torch.tensor([ids]))  # (L, H, T, T)
-    title = f"attention of {path} on {cfg.prompt[:60]!r}"
-    fig, _ = draw_attention(pyplot(), weights, token_labels(tokenizer, ids), title)
+    return weights, token_labels(tokenizer, ids), f"{path}: {describe_model(model.config)}"
+
+
+def plot_attention(cfg):
+    """The attention-grid figure for cfg (AttentionConfig): one grid per run, side by side."""
+    if not cfg.prompt:
+        raise UserError("--prompt is empty; give the text whose attention to draw, e.g. --prompt='ROMEO: But soft'")
+    if not cfg.out_dir:
+        raise UserError("name at least one run: python plot.py attention OUT_DIR [OUT_DIR ...] --prompt=TEXT")
+    runs = [run_attention(run, cfg) for run in cfg.out_dir]
+    plt = pyplot()
+    if len(runs) == 1:
+        weights, labels, title = runs[0]
+        fig, _ = draw_attention(plt, weights, labels, f"attention of {title} on {cfg.prompt[:60]!r}")
+        return fig
+    rows = max(w.size(0) for w, _, _ in runs)
+    cell = heatmap_inches(rows, max(w.size(1) for w, _, _ in runs))
+    widths = [w.size(1) * cell + 1.2 for w, _, _ in runs]
+    fig = plt.figure(figsize=(sum(widths), cell * rows + 0.9), dpi=100, layout="constrained")
+    for panel, (weights, labels, title) in zip(fig.subfigures(1, len(runs), width_ratios=widths), runs):
+        draw_heatmaps(panel, weights, labels, title)
+    fig.suptitle(f"attention on {cfg.prompt[:60]!r}", fontsize=11)
     return fig
 
 
@@ -228,7 +270,7 @@ def plot_attention(cfg):
 # what: (its options, its figure, the option a bare word names, its usage)
 COMMANDS = {
     "losses": (LossesConfig, plot_losses, "runs", "OUT_DIR [OUT_DIR ...] [--key=value ...]"),
-    "attention": (AttentionConfig, plot_attention, "out_dir", "OUT_DIR --prompt=TEXT [--key=value ...]"),
+    "attention": (AttentionConfig, plot_attention, "out_dir", "OUT_DIR [OUT_DIR ...] --prompt=TEXT [--key=value ...]"),
 }
 
 

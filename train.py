@@ -63,6 +63,9 @@ class TrainConfig:
     fused_attention: bool = option(True, "use F.scaled_dot_product_attention (False: the written-out math)")
     gelu: str = option("exact", "the feed-forward's GELU: exact, or tanh (GPT-2's approximation)",
                        choices=("exact", "tanh"))
+    score: str = option("dot", "how a query scores a key (head, multihead): dot (scaled dot product) or additive",
+                        choices=("dot", "additive"))
+    window: int = option(0, "each query sees only its window newest keys, itself included (0: all of them)", low=0)
     # optimization
     batch_size: int = option(64, "sequences per micro-batch, in each process", low=1)
     grad_accum: int = option(1, "micro-batches per optimizer step, in each process", low=1)

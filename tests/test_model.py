@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, POSITIONS, CausalAverage, GPTConfig, attention_mask
+from model import GPT, POSITIONS, CausalAverage, GPTConfig, additive_scores, attention_mask
+from optim import split_for_muon
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=4, n_embd=32)
 
@@ -21,8 +22,13 @@ RUNGS = {
     "residual": dict(layernorm=False),
     "layernorm": dict(tie_weights=False),
     "full": dict(dropout=0.1),
+    # The ladder's other rows: additive scores on the rungs that score, and a window of 5 of the 16 positions.
+    "head_additive": dict(mixer="head", score="additive", feedforward=False, residual=False, layernorm=False),
+    "multihead_additive": dict(score="additive", feedforward=False, residual=False, layernorm=False),
+    "window": dict(pos="rope", window=5),
 }
-ATTENTION_RUNGS = [r for r in RUNGS if RUNGS[r].get("mixer", "multihead") == "multihead"]
+# The rungs whose attention runs in the fused kernel by default (additive scores never do).
+ATTENTION_RUNGS = [r for r in RUNGS if RUNGS[r].get("mixer", "multihead") == "multihead" and "score" not in RUNGS[r]]
 
 
 def config(rung, **overrides):
@@ -128,6 +134,36 @@ def test_left_padded_row_gives_the_logits_of_its_prompt_alone(rung, overrides):
         full_row, _ = model(idx[:1])
     torch.testing.assert_close(batched[1, 4:], alone[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(batched[0], full_row[0], atol=1e-5, rtol=0)  # a row without padding is untouched
+
+
+# --- Additive scores -------------------------------------------------------------------------
+
+
+def test_additive_score_of_query_t_and_key_s_is_w_dot_tanh_of_their_sum():
+    q, k = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 6, 5)  # (B, H, T, hs), (B, H, S, hs)
+    w = torch.randn(3 * 5)  # each head's w, flat
+    scores = additive_scores(q, k, w)
+    assert scores.shape == (2, 3, 4, 6)
+    for b, h, t, s in [(0, 0, 0, 0), (1, 2, 3, 5), (0, 1, 2, 4)]:
+        expected = w.view(3, 5)[h] @ torch.tanh(q[b, h, t] + k[b, h, s])
+        torch.testing.assert_close(scores[b, h, t, s], expected)
+
+
+@pytest.mark.parametrize("rung", ["head_additive", "multihead_additive"])
+def test_additive_heads_keep_one_vector_per_head_that_muon_and_weight_decay_leave_alone(rung):
+    model = make(rung, n_layer=2)
+    vectors = [p for name, p in model.named_parameters() if name.endswith("score_vector")]
+    assert [p.shape for p in vectors] == [(TINY["n_embd"],)] * 2  # H heads of hs, flat, in each layer
+    matrices, _ = split_for_muon(model)
+    assert not any(p is v for p in matrices for v in vectors)
+    dot = make(rung.removesuffix("_additive"), n_layer=2)
+    assert model.num_params() == dot.num_params() + 2 * TINY["n_embd"]  # W_q and W_k are the query and key
+
+
+@pytest.mark.parametrize("overrides", [{"mixer": "average"}, {"mixer": "none"}, {"pos": "rope"}, {"score": "sum"}])
+def test_additive_scores_need_a_mixer_that_scores_and_no_rope(overrides):
+    with pytest.raises(ValueError, match="score"):
+        GPTConfig(**{"score": "additive", **overrides})
 
 
 # --- Training ------------------------------------------------------------------------------

@@ -27,6 +27,16 @@ def run(data_dir, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def additive_run(data_dir, tmp_path_factory):
+    """The same run with additive scores in place of the dot product."""
+    out = tmp_path_factory.mktemp("plots_run") / "tiny_additive"
+    args = ["config/tiny.toml", f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=10", "--eval_interval=5",
+            "--score=additive"]
+    assert train.main(args) == 0
+    return out
+
+
 @pytest.fixture
 def plt():
     pyplot = pytest.importorskip("matplotlib.pyplot", reason="matplotlib is optional: pip install matplotlib")
@@ -78,10 +88,12 @@ def test_without_matplotlib_plot_says_how_to_install_it(run, tmp_path, monkeypat
 # --- Attention ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mixer, heads", [("multihead", 2), ("head", 1), ("average", 1)])
-def test_attention_rows_sum_to_one_and_are_zero_above_the_diagonal(mixer, heads):
+@pytest.mark.parametrize("mixer, heads, score", [("multihead", 2, "dot"), ("head", 1, "dot"), ("average", 1, "dot"),
+                                                 ("multihead", 2, "additive"), ("head", 1, "additive")])
+def test_attention_rows_sum_to_one_and_are_zero_above_the_diagonal(mixer, heads, score):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=8, mixer=mixer)).eval()
+    config = GPTConfig(vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=8, mixer=mixer, score=score)
+    model = GPT(config).eval()
     weights = plot.attention_weights(model, torch.randint(0, 11, (1, 7)))
     assert weights.shape == (3, heads, 7, 7)
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, heads, 7))
@@ -104,7 +116,7 @@ def test_attention_of_a_run_makes_a_png(plt, run, tmp_path):
 
 
 def test_attention_grid_has_one_heatmap_per_layer_and_head(plt, run):
-    fig = plot.plot_attention(plot.AttentionConfig(out_dir=str(run), prompt="the cat"))
+    fig = plot.plot_attention(plot.AttentionConfig(out_dir=[str(run)], prompt="the cat"))
     assert len(heatmaps(fig)) == 2 * 2  # config/tiny.toml: n_layer 2, n_head 2
     image = heatmaps(fig)[-1].get_images()[0].get_array()
     assert image.shape == (7, 7) and image[0, 1:].sum() == 0  # queries down, keys across: query 0 sees key 0
@@ -112,6 +124,35 @@ def test_attention_grid_has_one_heatmap_per_layer_and_head(plt, run):
     fig, grid = plot.draw_attention(plt, torch.rand(2, 3, 5, 5).tril(), list("abcde"))
     assert grid.shape == (2, 3)  # layers down, heads across
     assert [t.get_text() for t in grid[1, 0].get_xticklabels()] == list("abcde")
+
+
+def test_a_windowed_model_draws_a_band():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, window=3)).eval()
+    weights = plot.attention_weights(model, torch.randint(0, 11, (1, 8)))
+    band = torch.ones(8, 8, dtype=torch.bool).tril() & torch.ones(8, 8, dtype=torch.bool).triu(-2)  # 3 newest keys
+    assert (weights[..., ~band] == 0).all() and (weights[..., band] > 0).all()
+
+
+def test_attention_of_two_runs_draws_dot_product_and_additive_heads_side_by_side(plt, run, additive_run, tmp_path):
+    fig = plot.plot_attention(plot.AttentionConfig(out_dir=[str(run), str(additive_run)], prompt="the cat"))
+    panels = fig.subfigs
+    assert len(panels) == 2 and len(heatmaps(fig)) == 2 * (2 * 2)  # each run: 2 layers x 2 heads
+    assert "dot-product scores" in panels[0]._suptitle.get_text() and str(run) in panels[0]._suptitle.get_text()
+    assert "additive scores" in panels[1]._suptitle.get_text()
+    left, right = (heatmaps(panel)[0].get_images()[0].get_array() for panel in panels)
+    assert left.shape == right.shape == (7, 7) and not (left == right).all()  # the same prompt, other weights
+
+    out = tmp_path / "side_by_side.png"
+    assert plot.main(["attention", str(run), str(additive_run), "--prompt=the cat", f"--out={out}"]) == 0
+    (one_width, _), (two_width, _) = png_size_of(plt, run, tmp_path), png_size(out)
+    assert two_width > 1.5 * one_width
+
+
+def png_size_of(plt, run, tmp_path):
+    out = tmp_path / "one.png"
+    assert plot.main(["attention", str(run), "--prompt=the cat", f"--out={out}"]) == 0
+    return png_size(out)
 
 
 def test_a_model_without_attention_has_nothing_to_draw():
@@ -172,14 +213,17 @@ def test_ladder_trains_two_rungs_and_writes_the_table(data_dir, tmp_path, capsys
     assert table in capsys.readouterr().out
     lines = table.splitlines()
     assert "3 steps of 2 x 8 tokens" in lines[0] and "machine:" in lines[0]
-    header = lines.index("| rung | parameters | train loss | val loss | tokens/s | wall time |")
+    header = lines.index("| rung | parameters | train loss | val loss | tokens/s | peak memory | wall time |")
     rows = [line.strip("| ").split(" | ") for line in lines[header + 2:] if line.startswith("|")]
     assert [r[0] for r in rows] == ["01_bigram", "03_head"]
+    assert all(r[5].endswith(" MiB") and float(r[5].split()[0].replace(",", "")) > 0 for r in rows)
+    assert "peak memory: the peak resident memory of the process that trained the rung" in table
 
     saved = json.loads((tmp_path / "ladder.json").read_text())
     assert [r["rung"] for r in saved["rows"]] == ["01_bigram", "03_head"]
     bigram = saved["rows"][0]
     assert bigram["iters"] == 3 and bigram["wall_s"] > 0
+    assert bigram["peak_memory_of"] == "rss" and bigram["peak_memory_bytes"] > 2**20  # torch alone takes more
     assert bigram["parameters"] == 2 * 64 * 16  # the embedding and the output head, V x C each (V padded to 64)
     last = json.loads((tmp_path / "01_bigram/log.jsonl").read_text().splitlines()[-1])
     assert rows[0][3] == f"{last['val_loss']:.4f}" == f"{bigram['val_loss']:.4f}"
@@ -217,7 +261,8 @@ def test_ladder_resumes_a_rung_stopped_part_way_and_keeps_other_settings_runs(da
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--rungs=9"], "no rung '9'"),
+    (["--rungs=12"], "no rung '12'"),
+    (["--rungs=4c"], "no rung '4c'"),
     (["--budget=tpu"], "budget must be cpu or gpu"),
     (["--out_dir=x"], "the ladder sets --out_dir itself"),
     (["--max_iter=3"], "unknown key 'max_iter'"),
@@ -234,7 +279,9 @@ def test_ladder_bad_input_is_one_error_line(args, message, tmp_path, capsys):
 def test_rungs_are_named_by_file_number_or_name():
     assert [p.stem for p in ladder.pick_rungs(["01_bigram,3", "multihead", "08"])] == [
         "01_bigram", "03_head", "04_multihead", "08_full"]
-    assert len(ladder.pick_rungs([])) == 8
+    assert [p.stem for p in ladder.pick_rungs(["9c,4b", "03b", "modern_window32", "9"])] == [
+        "03b_head_additive", "04b_multihead_additive", "09_modern", "09b_modern_window32", "09c_modern_window16"]
+    assert len(ladder.pick_rungs([])) == 13
 
 
 def test_gpu_budget_is_the_reference_run_with_each_rungs_depth():
@@ -244,5 +291,12 @@ def test_gpu_budget_is_the_reference_run_with_each_rungs_depth():
 
     full, head = settings("08_full"), settings("03_head")
     assert (full.n_layer, full.n_head, full.n_embd, full.block_size, full.batch_size) == (6, 6, 384, 256, 64)
-    assert (full.max_iters, full.device, full.dropout) == (5000, "auto", 0.2)
-    assert (head.n_layer, head.mixer, head.n_embd) == (1, "head", 384)  # rungs without residuals stay shallow
+    assert (full.max_iters, full.device, full.dropout) == (5000, "auto", 0.2)  # the 10M model overfits: dropout
+    assert (head.n_layer, head.mixer, head.n_embd, head.dropout) == (1, "head", 384, 0.0)  # no residuals: shallow
+    assert ladder.load_config(train.TrainConfig, [str(ladder.PRESETS / "08_full.toml")]).dropout == 0.0  # CPU
+
+    modern, window = settings("09_modern"), settings("09b_modern_window32")
+    assert (modern.n_layer, modern.dropout, modern.optimizer, modern.pos) == (6, 0.2, "muon", "rope")
+    assert (window.window, window.block_size) == (128, 256)  # half the context, as 32 is of 64
+    additive = settings("04b_multihead_additive")  # its (B, H, T, S, hs) tensor, in four pieces
+    assert (additive.batch_size, additive.grad_accum, additive.score) == (16, 4, "additive")

@@ -1,0 +1,39 @@
+"""Position encodings other than a learned table, for model.GPT's `pos` switch.
+
+    sinusoidal  a fixed table of sines and cosines added to the token embeddings
+    rope        rotary embeddings: queries and keys turned by an angle per position
+
+They live beside model.py, which imports them, so the lesson there stays one idea
+per class; what they do to attention is told where they are used.
+"""
+
+import math
+
+import torch
+
+
+def sinusoidal_positions(block_size, n_embd):
+    """(block_size, n_embd) fixed encodings from "Attention Is All You Need"."""
+    pos = torch.arange(block_size).float()[:, None]  # (T, 1)
+    freq = torch.exp(torch.arange(0, n_embd, 2).float() * (-math.log(10000.0) / n_embd))  # (C/2,)
+    table = torch.zeros(block_size, n_embd)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)[:, : n_embd // 2]
+    return table
+
+
+def rope_frequencies(head_size, base=10000.0):
+    """(hs/2,): the turning rates of rotary position embedding (RoPE).
+
+    RoPE turns each pair of query and key channels by an angle that grows with
+    the position, pair i at its own rate base^(-2i/hs). A query at t and a key
+    at s then score by their offset t - s alone: positions become relative.
+    """
+    return base ** (-torch.arange(0, head_size, 2).float() / head_size)
+
+
+def rotate(x, rope):
+    """x (B, H, T, hs) with channels i and i + hs/2 turned by their angles in rope."""
+    cos, sin = rope  # each (T, hs/2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, H, T, hs)
