@@ -207,7 +207,7 @@ def main(argv):
     sources = {}  # where each setting came from: a preset, the command line, or neither (free to choose)
     cfg = load_config(TrainConfig, argv, "train.py", __doc__.strip().splitlines()[0], sources=sources)
     cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
-    ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    ddp = "RANK" in os.environ  # started by torchrun, with one process or more
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
     device = check_device(pick_device(cfg.device))
     if ddp:
@@ -289,7 +289,8 @@ def run(cfg, sources, device, rank, world, lock):
     raw_model = model
     if cfg.compile:
         model = maybe_compile(model, device_type)
-    if world > 1:
+    eval_model = model  # compiled too, if it is: evaluations run at the training's speed
+    if dist.is_initialized():  # under torchrun, even with one process
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
     if seconds is not None:
         step_s, eval_s = time_steps(cfg, meta, splits, device, dtype, autocast, world, model, optimizer, scaler)
@@ -302,7 +303,8 @@ def run(cfg, sources, device, rank, world, lock):
     if master:
         print(f"{raw_model.num_params():,} parameters; {tokens_per_iter:,} tokens per step: batch "
               f"{cfg.batch_size} x grad_accum {cfg.grad_accum} x {world} process(es) = {sequences_per_iter} "
-              f"sequences of {cfg.block_size}; on {device}, {str(dtype).removeprefix('torch.')}")
+              f"sequences of {cfg.block_size}; on {device}, {str(dtype).removeprefix('torch.')}"
+              + (f", DDP over {dist.get_backend()}" if dist.is_initialized() else ""))
 
     def checkpoint(it, val_loss):
         state = {"format": CHECKPOINT_FORMAT, "model": raw_model.state_dict(),
@@ -315,7 +317,7 @@ def run(cfg, sources, device, rank, world, lock):
     def evaluate(it, lr):
         """Estimates the losses and logs them; saves ckpt.pt, and best.pt when val improved."""
         nonlocal best_val, bad_evals
-        losses = estimate_loss(raw_model, splits, cfg, device, autocast, seed=cfg.seed + it)
+        losses = estimate_loss(eval_model, splits, cfg, device, autocast, seed=cfg.seed + it)
         record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
                   "val_bpc": losses["val"] / math.log(2), "lr": lr}
         append_record(out_dir, record)

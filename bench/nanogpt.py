@@ -2,6 +2,7 @@
 
     python bench/nanogpt.py --nanogpt=../shared/peers/nanoGPT --input=../shared/data/tinyshakespeare/input.txt
     python bench/nanogpt.py --nanogpt=... --input=... --repeats=3 --runs=nanogpt --runs=classic --runs=fast
+    python bench/nanogpt.py --nanogpt=... --input=... --device=cuda    # the GPU reference run, against ours
 
 nanoGPT is copied into --work (it writes into its own folders) and prepares its own
 data from --input; this repository prepares the same text. Then each run is a whole
@@ -9,10 +10,16 @@ process, the runs take turns (nanoGPT, then ours, and again for --repeats), and 
 each the table gives: median ms per training step, wall time of the whole process,
 its peak memory (RSS), the val loss at the same steps, and the seconds from the
 process's start to the first evaluation at or below --target (nanoGPT's val loss
-after its 2000 steps). Then sampling from the same model shape (4 layers, 128 wide,
-block 64): tokens per second in-process (the same random weights' shape in both
-models, 500 new tokens, temperature 0.8, top-k 200), and whole-process seconds of
-each sample.py on its trained checkpoint. Time it on an otherwise idle machine.
+after its 2000 steps; with --target=0, the best val loss nanoGPT reached in this run).
+Then sampling from the same model shape (4 layers, 128 wide, block 64; on CUDA the
+reference shape, 6 layers, 384 wide, block 256): tokens per second in-process (the
+same random weights' shape in both models, 500 new tokens, temperature 0.8, top-k
+200), and whole-process seconds of each sample.py on its trained checkpoint.
+
+With --device=cuda the runs are nanoGPT's GPU reference (config/train_shakespeare_char.py
+as it is, compiled) against our reference and fast presets, compiled, evaluating alike
+(200 batches every 250 steps); MFU is against the GPU's dense bf16 peak for both
+(nanoGPT prints it against an A100's). Time it on an otherwise idle machine.
 """
 
 import importlib.util
@@ -34,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
 from config import UserError, cli, load_config, option  # noqa: E402
+from device import peak_flops  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenizer import cpu_count  # noqa: E402
 
@@ -41,24 +49,37 @@ from tokenizer import cpu_count  # noqa: E402
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
                "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
                "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
-OURS = {  # name: train.py arguments; every run evaluates like nanoGPT's: 20 batches every 250 steps
-    "classic": ["config/shakespeare_char_cpu.toml"],
-    "classic_lr1e-3": ["config/shakespeare_char_cpu.toml", "--learning_rate=1e-3"],
-    "fast": ["config/shakespeare_char_cpu_fast.toml"],
+MODES = {  # per device: nanoGPT's arguments, ours by name, the evaluation both share, the sampled shape
+    "cpu": {
+        "nanogpt": NANOGPT_CPU,
+        "ours": {"classic": ["config/shakespeare_char_cpu.toml"],
+                 "classic_lr1e-3": ["config/shakespeare_char_cpu.toml", "--learning_rate=1e-3"],
+                 "fast": ["config/shakespeare_char_cpu_fast.toml"]},
+        "eval": ["--eval_iters=20", "--eval_interval=250", "--log_interval=1"],
+        "shape": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "vocab_size": 65},
+    },
+    "cuda": {
+        "nanogpt": ["config/train_shakespeare_char.py"],  # its GPU reference, as it is: compiled, bf16
+        "ours": {"reference": ["config/shakespeare_char.toml", "--compile=true"],
+                 "fast": ["config/shakespeare_char_fast.toml", "--compile=true"]},
+        "eval": ["--eval_iters=200", "--eval_interval=250", "--log_interval=10"],
+        "shape": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "vocab_size": 65},
+    },
 }
-EVAL = ["--eval_iters=20", "--eval_interval=250", "--log_interval=1"]
-SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "vocab_size": 65}
+A100_BF16 = 312e12  # the peak nanoGPT's printed MFU is against
 
 
 @dataclass
 class BenchConfig:
     nanogpt: str = option("../shared/peers/nanoGPT", "an unmodified nanoGPT checkout")
     input: str = option("../shared/data/tinyshakespeare/input.txt", "Tiny Shakespeare")
-    runs: list[str] = option(["nanogpt", *OURS], "which training runs: nanogpt, or one of ours: "
-                             + ", ".join(OURS) + ", or NAME=PRESET --key=value ...")
+    device: str = option("cpu", "cpu: nanoGPT's CPU configuration; cuda: its GPU reference run", choices=tuple(MODES))
+    runs: list[str] = option([], "which training runs: nanogpt, or one of ours by name (cpu: classic, classic_lr1e-3, "
+                             "fast; cuda: reference, fast), or NAME=PRESET --key=value ... (none: all of them)")
     repeats: int = option(1, "how many times each run is made, in turn")
-    target: float = option(1.886, "the val loss whose time to reach is reported")
+    target: float = option(1.886, "the val loss whose time to reach is reported (0: nanoGPT's best in this run)")
     sample_tokens: int = option(500, "new tokens per sample")
+    sampling: bool = option(True, "measure sampling after training (false: training only)")
     work: str = option("out/bench_nanogpt", "where nanoGPT's copy, the data and the runs go")
     iters: int = option(0, "steps of every run, for a quick check (0: each run's own, nanoGPT's 2000)")
 
@@ -99,65 +120,84 @@ def setup(cfg, work):
     return nano, ours
 
 
-def train_nanogpt(nano, run_dir, steps):
+def train_nanogpt(nano, run_dir, mode, steps):
     out = run_dir / "out"
-    wall, rss, lines = run_process([sys.executable, "train.py", *NANOGPT_CPU, *steps, f"--out_dir={out}"], nano,
+    wall, rss, lines = run_process([sys.executable, "train.py", *mode["nanogpt"], *steps, f"--out_dir={out}"], nano,
                                    run_dir / "stdout.txt")
-    step_ms = [float(m.group(1)) for _, line in lines if (m := re.match(r"iter \d+: .* time ([\d.]+)ms", line))]
+    iters = [m.groups() for _, line in lines
+             if (m := re.match(r"iter (\d+): .* time ([\d.]+)ms, mfu (-?[\d.]+)%", line))]
+    step_ms = [float(ms) for it, ms, _ in iters if int(it) >= 5]  # its first steps compile and warm up
+    peak = device_peak()
+    mfu = [float(pct) / 100 * A100_BF16 / peak for it, _, pct in iters if peak and float(pct) > 0]
     evals = [(int(m.group(1)), float(m.group(2)), t) for t, line in lines
              if (m := re.match(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)", line))]
-    return wall, rss, step_ms, evals
+    return {"wall": wall, "rss": rss, "step_ms": step_ms, "evals": evals, "mfu": mfu}
 
 
-def train_ours(args, data_dir, run_dir, steps):
+def train_ours(args, data_dir, run_dir, mode, steps):
     command = [sys.executable, "train.py", *args, f"--data_dir={data_dir}", f"--out_dir={run_dir / 'out'}",
-               *EVAL, *steps, "--overwrite=true"]
+               *mode["eval"], *steps, "--overwrite=true"]
     wall, rss, lines = run_process(command, ROOT, run_dir / "stdout.txt")
     records = [json.loads(line) for line in open(run_dir / "out/log.jsonl")]
-    step_ms = [r["ms_per_iter"] for r in records if "ms_per_iter" in r]
+    step_ms = [r["ms_per_iter"] for r in records if "ms_per_iter" in r and r["iter"] >= 5]
     times = [t for t, line in lines if re.match(r"step \d+: train", line)]  # when each evaluation was printed
     evals = [(r["iter"], r["val_loss"], t) for r, t in zip([r for r in records if "val_loss" in r], times)]
-    return wall, rss, step_ms, evals
+    mfu = [r["mfu"] for r in records if "mfu" in r]
+    return {"wall": wall, "rss": rss, "step_ms": step_ms, "evals": evals, "mfu": mfu}
 
 
-def training(cfg, work, nano, data_dir):
+def device_peak():
+    """The GPU's dense bf16 peak (device.PEAK_FLOPS), or None on a CPU."""
+    return peak_flops("cuda") if torch.cuda.is_available() else None
+
+
+def training(cfg, mode, work, nano, data_dir):
     steps = [f"--max_iters={cfg.iters}", f"--lr_decay_iters={cfg.iters}"] if cfg.iters else []
     results = {}
     for repeat in range(cfg.repeats):
-        for spec in cfg.runs:
+        for spec in cfg.runs or ["nanogpt", *mode["ours"]]:
             name, _, args = spec.partition("=")
             run_dir = work / "runs" / name / str(repeat)
             run_dir.mkdir(parents=True, exist_ok=True)
             print(f"[{repeat + 1}/{cfg.repeats}] {name}", flush=True)
             if name == "nanogpt":
-                result = train_nanogpt(nano, run_dir, steps)
-            elif args or name in OURS:
-                result = train_ours(args.split() if args else OURS[name], data_dir, run_dir, steps)
+                result = train_nanogpt(nano, run_dir, mode, steps)
+            elif args or name in mode["ours"]:
+                result = train_ours(args.split() if args else mode["ours"][name], data_dir, run_dir, mode, steps)
             else:
-                raise UserError(f"unknown run {name!r}: nanogpt, {', '.join(OURS)}, or NAME=PRESET --key=value")
+                raise UserError(f"unknown run {name!r}: nanogpt, {', '.join(mode['ours'])}, or NAME=PRESET --key=value")
             results.setdefault(name, []).append(result)
     return results
 
 
 def print_training(results, target):
-    steps = sorted({it for runs in results.values() for run in runs for it, _, _ in run[3]})
-    shown = [s for s in steps if s % 500 == 0 or s == steps[-1]]
-    print(f"\n| run | median ms/iter | wall s | peak MiB | {' | '.join(f'val@{s}' for s in shown)} | s to {target} |")
-    print("|---|---:|---:|---:|" + "---:|" * len(shown) + "---:|")
+    if not target:  # the best val loss nanoGPT reached here
+        target = min(v for run in results.get("nanogpt", []) for _, v, _ in run["evals"])
+    steps = sorted({it for runs in results.values() for run in runs for it, _, _ in run["evals"]})
+    shown = [s for s in steps if s % 1000 == 0 or s == steps[-1]] if steps[-1] > 2000 else \
+        [s for s in steps if s % 500 == 0 or s == steps[-1]]
+    nano_wall = statistics.median(r["wall"] for r in results["nanogpt"]) if "nanogpt" in results else None
+    print(f"\n| run | median ms/iter | MFU | wall s | peak MiB | best val | best val in nanoGPT's {nano_wall or 0:.0f} s "
+          f"| {' | '.join(f'val@{s}' for s in shown)} | s to {target:.4f} |")
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(shown) + "---:|")
     for name, runs in results.items():
-        for wall, rss, step_ms, evals in runs:
-            val = {it: v for it, v, _ in evals}
-            reached = next((t for _, v, t in evals if v <= target), None)
-            cells = [f"{statistics.median(step_ms):.1f}", f"{wall:.1f}", f"{rss:.0f}",
-                     *(f"{val[s]:.4f}" if s in val else "-" for s in shown), "-" if reached is None else f"{reached:.1f}"]
+        for run in runs:
+            val = {it: v for it, v, _ in run["evals"]}
+            reached = next((t for _, v, t in run["evals"] if v <= target), None)
+            mfu = f"{statistics.median(run['mfu']):.1%}" if run["mfu"] else "-"
+            in_time = [v for _, v, t in run["evals"] if nano_wall and t <= nano_wall]
+            cells = [f"{statistics.median(run['step_ms']):.1f}", mfu, f"{run['wall']:.1f}", f"{run['rss']:.0f}",
+                     f"{min(val.values()):.4f}", f"{min(in_time):.4f}" if in_time else "-",
+                     *(f"{val[s]:.4f}" if s in val else "-" for s in shown),
+                     "-" if reached is None else f"{reached:.1f}"]
             print(f"| {name} | " + " | ".join(cells) + " |")
     if "nanogpt" in results:
-        base = statistics.median(statistics.median(r[2]) for r in results["nanogpt"])
-        base_wall = statistics.median(r[0] for r in results["nanogpt"])
+        base = statistics.median(statistics.median(r["step_ms"]) for r in results["nanogpt"])
+        base_wall = statistics.median(r["wall"] for r in results["nanogpt"])
         for name, runs in results.items():
             if name != "nanogpt":
-                ms = statistics.median(statistics.median(r[2]) for r in runs)
-                wall = statistics.median(r[0] for r in runs)
+                ms = statistics.median(statistics.median(r["step_ms"]) for r in runs)
+                wall = statistics.median(r["wall"] for r in runs)
                 print(f"{name}: {ms / base:.2f}x nanoGPT's median step time, {wall / base_wall:.2f}x its wall time")
 
 
@@ -169,7 +209,7 @@ def load_nanogpt_model(nano):
 
 
 def tokens_per_second(generate, repeats=5):
-    """Median tokens/s of generate() -> number of tokens, after a warm-up call."""
+    """Median tokens/s of generate() -> number of tokens (read back: on a GPU, it waits), after a warm-up."""
     generate()
     rates = []
     for _ in range(repeats):
@@ -180,12 +220,12 @@ def tokens_per_second(generate, repeats=5):
 
 
 @torch.no_grad()
-def sampling_in_process(nano, new_tokens):
+def sampling_in_process(nano, shape, device, new_tokens):
     nanogpt = load_nanogpt_model(nano)
     torch.manual_seed(0)
-    theirs = nanogpt.GPT(nanogpt.GPTConfig(**SHAPE, bias=False, dropout=0.0)).eval()
-    ours = GPT(GPTConfig(**SHAPE, bias=False)).eval()
-    start = torch.zeros(1, 1, dtype=torch.long)
+    theirs = nanogpt.GPT(nanogpt.GPTConfig(**shape, bias=False, dropout=0.0)).to(device).eval()
+    ours = GPT(GPTConfig(**shape, bias=False)).to(device).eval()
+    start = torch.zeros(1, 1, dtype=torch.long, device=device)
     rate_theirs = tokens_per_second(lambda: theirs.generate(start, new_tokens, temperature=0.8, top_k=200).size(1) - 1)
     rate_ours = tokens_per_second(lambda: ours.generate(start, new_tokens, temperature=0.8, top_k=200).size(1) - 1)
     rate_nocache = tokens_per_second(
@@ -193,11 +233,11 @@ def sampling_in_process(nano, new_tokens):
     return rate_theirs, rate_ours, rate_nocache
 
 
-def sampling_whole_process(nano, work, new_tokens, repeats=5):
+def sampling_whole_process(nano, work, ours_run, device, new_tokens, repeats=5):
     nano_ckpt = work / "runs/nanogpt/0/out"
-    ours_ckpt = work / "runs/classic/0/out"
+    ours_ckpt = work / f"runs/{ours_run}/0/out"
     commands = {
-        "nanogpt": ([sys.executable, "sample.py", f"--out_dir={nano_ckpt}", "--device=cpu", "--compile=False",
+        "nanogpt": ([sys.executable, "sample.py", f"--out_dir={nano_ckpt}", f"--device={device}", "--compile=False",
                      "--num_samples=1", f"--max_new_tokens={new_tokens}"], nano),
         "ours": ([sys.executable, "sample.py", f"--out_dir={ours_ckpt}", "--num_samples=1",
                   f"--max_new_tokens={new_tokens}"], ROOT),
@@ -218,22 +258,29 @@ def machine():
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return f"{cpu}, {cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads"
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {cpu_count()} cores{gpu}, torch {torch.__version__} with {torch.get_num_threads()} threads"
 
 
 @cli
 def main(argv):
     cfg = load_config(BenchConfig, argv, "bench/nanogpt.py", __doc__.strip().splitlines()[0])
+    mode = MODES[cfg.device]
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device=cuda: no CUDA device here; use --device=cpu")
     work = Path(cfg.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     nano, data_dir = setup(cfg, work)
     print(f"machine: {machine()}")
-    results = training(cfg, work, nano, data_dir)
+    results = training(cfg, mode, work, nano, data_dir)
     print_training(results, cfg.target)
-    theirs, ours, nocache = sampling_in_process(nano, cfg.sample_tokens)
-    print(f"\nsampling {cfg.sample_tokens} tokens in-process, {SHAPE}: nanoGPT {theirs:,.0f} tokens/s, "
-          f"ours {ours:,.0f} tokens/s ({ours / theirs:.1f}x); ours without the KV cache {nocache:,.0f} tokens/s")
-    walls = sampling_whole_process(nano, work, cfg.sample_tokens)
+    if not cfg.sampling:
+        return 0
+    theirs, ours, nocache = sampling_in_process(nano, mode["shape"], cfg.device, cfg.sample_tokens)
+    print(f"\nsampling {cfg.sample_tokens} tokens in-process on {cfg.device}, {mode['shape']}: nanoGPT "
+          f"{theirs:,.0f} tokens/s, ours {ours:,.0f} tokens/s ({ours / theirs:.1f}x); ours without the KV cache "
+          f"{nocache:,.0f} tokens/s ({ours / nocache:.1f}x less than with it)")
+    walls = sampling_whole_process(nano, work, next(iter(mode["ours"])), cfg.device, cfg.sample_tokens)
     if walls:
         print(f"sampling {cfg.sample_tokens} tokens, whole process (median of 5): nanoGPT {walls['nanogpt']:.2f} s, "
               f"ours {walls['ours']:.2f} s ({walls['nanogpt'] / walls['ours']:.2f}x)")

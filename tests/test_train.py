@@ -90,15 +90,18 @@ def test_compile_without_a_compiler_warns_and_runs_uncompiled(monkeypatch, capsy
     assert "running uncompiled" in capsys.readouterr().out
 
 
-def test_torchrun_with_two_cpu_processes(data_dir, tmp_path):
+@pytest.mark.parametrize("processes", [1, 2])
+def test_torchrun_trains_with_ddp_on_cpu(data_dir, tmp_path, processes):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
-           TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--eval_interval=3",
-           "--log_interval=1"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+           str(ROOT / "train.py"), TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=6",
+           "--eval_interval=3", "--log_interval=1"]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
-    # batch_size and grad_accum are per process: the preset's batch of 8 runs in each of the two
-    assert "batch 8 x grad_accum 1 x 2 process(es) = 16 sequences of 16; on cpu" in result.stdout
+    # batch_size and grad_accum are per process: the preset's batch of 8 runs in each process;
+    # under torchrun the process group is made even for one process (NCCL's path on a GPU)
+    assert (f"batch 8 x grad_accum 1 x {processes} process(es) = {8 * processes} sequences of 16; on cpu, "
+            "float32, DDP over gloo") in result.stdout
     log = read_log(tmp_path)
     assert [r["iter"] for r in log if "val_loss" in r] == [0, 3, 6]  # only rank 0 writes
     assert len([r for r in log if "loss" in r]) == 6
