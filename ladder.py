@@ -32,7 +32,7 @@ import torch
 import train
 from checkpoint import load_checkpoint
 from config import BOOL_WORDS, UserError, cli, help_text, load_config, option
-from device import check_device, pick_device
+from device import check_device, pick_device, pick_dtype
 from files import write_atomic, write_error
 from model import GPT, GPTConfig
 from tokenizer import cpu_count
@@ -151,6 +151,8 @@ def run_state(out_dir, cfg):
         return "new", {}
     ckpt = load_checkpoint(out_dir / "ckpt.pt")
     now, then = dataclasses.asdict(cfg), ckpt["train_config"]
+    device_type = torch.device(pick_device(cfg.device)).type
+    now["dtype"] = str(pick_dtype(cfg.dtype, device_type, training=True)).removeprefix("torch.")  # as train.py keeps it
     defaults = dataclasses.asdict(train.TrainConfig())  # for options newer than the run: it had their default
     diff = {k: (then.get(k, defaults[k]), v) for k, v in now.items()
             if k not in LADDER_OWNS and then.get(k, defaults[k]) != v}

@@ -156,19 +156,30 @@ def explicit_attention(q, k, v, mask=None, dropout=None, score_vector=None):
     return weights @ v, weights  # (..., T, hs), (..., T, S)
 
 
+def fused_attention(q, k, v, mask=None, dropout_p=0.0):
+    """explicit_attention's output from PyTorch's fused kernel, which keeps no weights.
+    On a CPU it runs in fp32 under bf16 autocast: there its bf16 backward takes ~5x as
+    long as fp32's, more than the bf16 matmuls around it save."""
+    T, S = q.size(-2), k.size(-2)
+    if mask is None and S != T and T > 1:  # is_causal describes only the square case: a mask
+        mask = causal_mask(T, S, q.device)  # one query (the newest) sees every key: none needed
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # q, k or v may be bf16 (rope's are fp32)
+        with torch.autocast("cpu", enabled=False):
+            return fused_attention(q.float(), k.float(), v.float(), mask, dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal=mask is None and S == T)
+
+
 def additive_scores(q, k, score_vector):
     """Additive (Bahdanau) scores wᵀ tanh(q + k), a small network where the dot product is a product:
-    (B, H, T, S) for q (B, H, T, hs) and k (B, H, S, hs), which are W_q x and W_k x already (the head's
-    query and key projections). score_vector (H * hs,) holds each head's w (score_vectors)."""
-    # One hs-vector per (query, key) pair where the dot product has one number: hs times the
-    # memory of the scores, held for the backward pass too (tanh's gradient reads it), and no
-    # fused kernel avoids it. Batch 64, block 256, 6 heads of 64: 6.4 GB a layer, not 0.1.
+    (B, H, T, S) for q (B, H, T, hs) and k (B, H, S, hs), already W_q x and W_k x (the head's query and
+    key projections); score_vector (H * hs,) holds each head's w. Its (B, H, T, S, hs) intermediate
+    is hs times the scores' memory, kept for the backward pass (tanh's gradient reads it), and no
+    fused kernel avoids it: batch 64, block 256, 6 heads of 64 need 6.4 GB a layer, not 0.1."""
     hidden = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))  # (B, H, T, S, hs)
     return torch.einsum("bhtsd,hd->bhts", hidden, score_vector.view(q.size(1), -1))  # (B, H, T, S)
 
 
-def score_vectors(n_head, head_size):
-    """additive_scores' w, flat (H * hs,): a vector, so no weight decay and no Muon, like a gain."""
+def score_vectors(n_head, head_size):  # additive_scores' w, flat: a vector, so no weight decay, no Muon
     return nn.Parameter(torch.randn(n_head * head_size) / math.sqrt(head_size))
 
 
@@ -231,13 +242,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, H, S, hs)
         if self.fused and not self.keep_weights and self.score_vector is None:
-            p = self.attn_dropout.p if self.training else 0.0
-            # is_causal only describes the square case; otherwise the mask says it all,
-            # and one query (the newest position) may see every key: no mask needed.
-            square = mask is None and k.size(2) == T
-            if mask is None and not square and T > 1:
-                mask = causal_mask(T, k.size(2), x.device)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=square)
+            out = fused_attention(q, k, v, mask, self.attn_dropout.p if self.training else 0.0)  # (B, H, T, hs)
         else:
             out, weights = explicit_attention(q, k, v, mask, self.attn_dropout, self.score_vector)  # (B, H, T, hs)
             self.weights = weights if self.keep_weights else None
@@ -340,8 +345,7 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def num_params(self):
-        """Parameters counted once each (the tied head shares the embedding's)."""
+    def num_params(self):  # each counted once: the tied head shares the embedding's
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, valid=None, cache=None, last_only=False):
@@ -350,8 +354,7 @@ class GPT(nn.Module):
         valid (B, T) bool marks real tokens when prompts are left-padded; their
         positions then count from each row's first real token. With a cache,
         idx holds only the new positions and the cache supplies the rest.
-        last_only computes the logits (B, 1, V) of the last position alone, all
-        that generation needs: the head is the largest matmul for a big vocabulary.
+        last_only: the last position's logits (B, 1, V) alone, all that generation needs.
         """
         B, T = idx.shape
         block, relative = self.config.block_size, self.config.pos == "rope"
@@ -389,11 +392,9 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def stream(self, idx, max_new_tokens, *args, **kwargs):
-        """Yields the next token (B, 1) of every row, one step at a time: see generate.stream."""
+    def stream(self, idx, max_new_tokens, *args, **kwargs):  # the next token (B, 1) of every row, one at a time
         return generate.stream(self, idx, max_new_tokens, *args, **kwargs)
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, **kwargs):
-        """idx (B, T) -> (B, T + max_new_tokens): the prompt and what follows it."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, **kwargs):  # (B, T + max_new_tokens)
         new = list(generate.stream(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, **kwargs))
         return torch.cat([idx, *new], dim=1)

@@ -118,7 +118,7 @@ def check_settings(cfg, device, data=None):
     """Every check that needs nothing from out_dir, done before anything is built or written:
     the dtype, the data (meta.json and the bins, read here unless given), the model's config
     and its size."""
-    dtype = pick_dtype(cfg.dtype, torch.device(device).type)
+    dtype = pick_dtype(cfg.dtype, torch.device(device).type, training=True)
     meta, splits = data or load_data(cfg.data_dir)
     check_block_size(splits, cfg.block_size, cfg.data_dir)
     mconf = model_config(cfg, meta["vocab_size"])
@@ -159,13 +159,14 @@ def read_start(cfg, device):
 
 def time_steps(cfg, meta, splits, device, dtype, autocast, world, model=None, optimizer=None, scaler=None):
     """(seconds per training step, seconds per evaluation with its checkpoints) for cfg here, from
-    a few real steps (budget.time_steps). Without a model, one is built for cfg and dropped."""
+    a few real steps (budget.time_steps); autocast: the training's and the evaluations'. Without
+    a model, one is built for cfg and dropped."""
     if model is None:
         model = GPT(model_config(cfg, meta["vocab_size"])).to(device)
         optimizer = configure_optimizer(model, cfg, device.split(":")[0])
         scaler = torch.amp.GradScaler(enabled=dtype == torch.float16)
-    step = functools.partial(train_step, accum=cfg.grad_accum, autocast=autocast, cfg=cfg)
-    return agree_on(budget.time_steps(cfg, splits, device, autocast, world, model, optimizer, scaler, step),
+    step = functools.partial(train_step, accum=cfg.grad_accum, autocast=autocast[0], cfg=cfg)
+    return agree_on(budget.time_steps(cfg, splits, device, autocast[1], world, model, optimizer, scaler, step),
                     device, world)
 
 
@@ -229,7 +230,6 @@ def run(cfg, sources, device, rank, world, lock):
     master = rank == 0
     say = print if master else (lambda *args: None)
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
-    dtype = pick_dtype(cfg.dtype, device_type)
     meta, splits = data = load_data(cfg.data_dir)
     out_dir = Path(cfg.out_dir)
     if master:
@@ -238,12 +238,16 @@ def run(cfg, sources, device, rank, world, lock):
     fine_tune = cfg.init_from not in ("scratch", "resume")
     source = load_source(cfg.init_from, cfg.out_dir) if fine_tune else None  # the weights to start from
     ckpt = read_start(cfg, device)
-    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
-                else contextlib.nullcontext())
-    seconds = max_steps = None
     if ckpt is not None:
         cfg = resumed_config(ckpt["train_config"], cfg, sources)
-    else:  # a time budget fixes the steps (and with no preset, the model) once, here
+    dtype = pick_dtype(cfg.dtype, device_type, training=True)  # auto on a CPU: measured here
+    cfg = dataclasses.replace(cfg, dtype=str(dtype).removeprefix("torch."))  # and kept, for a resume
+    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
+                else contextlib.nullcontext())
+    # On a CPU evaluations run in fp32: exact, and what score.py reports for the same text.
+    eval_autocast = contextlib.nullcontext() if device_type == "cpu" else autocast
+    seconds = max_steps = None
+    if ckpt is None:  # a time budget fixes the steps (and with no preset, the model) once, here
         preset = any(where != "command line" for where in sources.values())
         if cfg.max_time or (not preset and "max_iters" not in sources):
             seconds = budget.parse_duration(cfg.max_time or budget.DEFAULT_BUDGET)
@@ -251,7 +255,7 @@ def run(cfg, sources, device, rank, world, lock):
             cfg = finetune_settings(source, cfg, meta)
         elif not preset:
             measure = functools.partial(time_steps, meta=meta, splits=splits, device=device, dtype=dtype,
-                                        autocast=autocast, world=world)
+                                        autocast=(autocast, eval_autocast), world=world)
             cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
                                                   meta["vocab_size"], seconds or budget.parse_duration(
                                                       budget.DEFAULT_BUDGET), measure, say)
@@ -293,7 +297,8 @@ def run(cfg, sources, device, rank, world, lock):
     if dist.is_initialized():  # under torchrun, even with one process
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
     if seconds is not None:
-        step_s, eval_s = time_steps(cfg, meta, splits, device, dtype, autocast, world, model, optimizer, scaler)
+        step_s, eval_s = time_steps(cfg, meta, splits, device, dtype, (autocast, eval_autocast), world, model,
+                                    optimizer, scaler)
         cfg = budget.fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps, say)
     # batch_size and grad_accum are per process, so one step sees all of this:
     sequences_per_iter = cfg.batch_size * cfg.grad_accum * world
@@ -317,7 +322,7 @@ def run(cfg, sources, device, rank, world, lock):
     def evaluate(it, lr):
         """Estimates the losses and logs them; saves ckpt.pt, and best.pt when val improved."""
         nonlocal best_val, bad_evals
-        losses = estimate_loss(eval_model, splits, cfg, device, autocast, seed=cfg.seed + it)
+        losses = estimate_loss(eval_model, splits, cfg, device, eval_autocast, seed=cfg.seed + it)
         record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
                   "val_bpc": losses["val"] / math.log(2), "lr": lr}
         append_record(out_dir, record)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, POSITIONS, CausalAverage, GPTConfig, additive_scores, attention_mask
+from model import GPT, POSITIONS, CausalAverage, GPTConfig, additive_scores, attention_mask, fused_attention
 from optim import split_for_muon
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=4, n_embd=32)
@@ -279,3 +279,17 @@ def test_cached_generation_of_a_left_padded_batch_equals_each_prompt_alone(rung)
     alone = model.generate(prompt, 4, temperature=0, use_cache=True)
     assert torch.equal(batched[1, 12:], alone[0, 8:])
     assert torch.equal(batched, model.generate(idx, 4, temperature=0, valid=valid, use_cache=False))
+
+
+@pytest.mark.parametrize("qk_dtype", [torch.bfloat16, torch.float32])  # fp32: rotated by rope's fp32 angles
+def test_fused_attention_runs_in_fp32_on_a_cpu_under_bf16_autocast(qk_dtype):
+    """bf16 attention's backward is several times slower than fp32's on CPUs: the kernel takes fp32 there."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 8, 16, requires_grad=True) for _ in range(3))
+    expected = fused_attention(q, k, v)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fused_attention(q.to(qk_dtype), k.to(qk_dtype), v.bfloat16())
+    assert out.dtype == torch.float32  # computed in fp32 from the bf16 inputs
+    torch.testing.assert_close(out, expected, atol=3e-2, rtol=3e-2)  # only the inputs' rounding differs
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
