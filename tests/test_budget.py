@@ -91,7 +91,7 @@ def test_fitting_a_preset_to_time_keeps_what_the_command_line_set():
     sources = {"max_iters": "p.toml", "lr_decay_iters": "p.toml", "eval_interval": "p.toml", "max_time": "command line",
                "warmup_iters": "command line"}
     fitted = budget.fit_to_time(cfg, sources, 120, step_s=0.01, eval_s=0.5, say=lambda *a: None)
-    assert fitted.max_iters == fitted.lr_decay_iters == budget.plan_steps(0.98 * 120 - budget.process_age(),
+    assert fitted.max_iters == fitted.lr_decay_iters == budget.plan_steps(budget.USABLE * 120 - budget.process_age(),
                                                                            0.01, 0.5, 250)
     assert fitted.eval_interval == 250 and fitted.warmup_iters == 100
 
@@ -125,7 +125,7 @@ def test_no_preset_sizes_the_run_then_fits_its_steps_to_the_budget(data_dir, tmp
     out = capsys.readouterr().out
     assert "no preset: sized for the data" in out and "time budget 4s" in out
     saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
-    expected = budget.plan_steps(0.98 * 4, 0.01, 0.1)
+    expected = budget.plan_steps(budget.USABLE * 4, 0.01, 0.1)
     assert saved["max_iters"] == saved["lr_decay_iters"] == expected
     assert saved["optimizer"] == "muon" and saved["pos"] == "rope"  # the rule's recipe
     evals = [r["iter"] for r in read_log(tmp_path) if "val_loss" in r]
@@ -144,7 +144,7 @@ def test_a_preset_with_max_time_keeps_its_model_and_gets_steps_for_the_time(data
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=3s"]) == 0
     saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
     assert (saved["n_layer"], saved["n_embd"]) == (2, 32)  # tiny.toml's
-    assert saved["max_iters"] == budget.plan_steps(0.98 * 3, 0.01, 0.1, saved["eval_interval"])
+    assert saved["max_iters"] == budget.plan_steps(budget.USABLE * 3, 0.01, 0.1, saved["eval_interval"])
     assert len(measured) == 1  # only the steps were measured: no model to choose
 
 
