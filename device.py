@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import platform
 import shutil
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 
 from config import UserError
 from model import GPT
+from tokenizer import cpu_count
 
 # Dense bf16 tensor-core peaks, for MFU. A device not listed gets no MFU figure.
 PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
@@ -159,3 +161,15 @@ def maybe_compile(model, device_type):
         print("warning: --compile is not supported on mps here; running uncompiled")
         return model
     return torch.compile(model)
+
+
+def machine():
+    """What a measurement ran on, in words: the processor, cores, accelerator and torch."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu} ({cpu_count()} cores, {torch.get_num_threads()} torch threads){gpu}, torch {torch.__version__}"

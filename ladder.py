@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import platform
 import re
 import signal
 import statistics
@@ -32,10 +31,9 @@ import torch
 import train
 from checkpoint import load_checkpoint
 from config import BOOL_WORDS, UserError, cli, help_text, load_config, option
-from device import check_device, pick_device, pick_dtype
+from device import check_device, machine, pick_device, pick_dtype
 from files import write_atomic, write_error
 from model import GPT, GPTConfig
-from tokenizer import cpu_count
 
 ROOT = Path(__file__).resolve().parent
 PRESETS = ROOT / "config" / "ladder"
@@ -251,18 +249,6 @@ def summarize(name, out_dir):
 
 
 # --- The table -----------------------------------------------------------------------------
-
-
-def machine():
-    """What ran the ladder, in words: the processor, cores, accelerator and torch."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{cpu} ({cpu_count()} cores, {torch.get_num_threads()} torch threads){gpu}, torch {torch.__version__}"
 
 
 def describe_budget(budget, configs, overrides):

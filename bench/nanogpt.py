@@ -25,7 +25,6 @@ as it is, compiled) against our reference and fast presets, compiled, evaluating
 import importlib.util
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -41,9 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
 from config import UserError, cli, load_config, option  # noqa: E402
-from device import peak_flops  # noqa: E402
+from device import machine, peak_flops  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tokenizer import cpu_count  # noqa: E402
 
 # nanoGPT's CPU configuration, as its README gives it.
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
@@ -249,17 +247,6 @@ def sampling_whole_process(nano, work, ours_run, device, new_tokens, repeats=5):
         for name, (command, cwd) in commands.items():
             walls[name].append(run_process(command, cwd, work / f"sample_{name}_{i}.txt")[0])
     return {name: statistics.median(w) for name, w in walls.items()}
-
-
-def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{cpu}, {cpu_count()} cores{gpu}, torch {torch.__version__} with {torch.get_num_threads()} threads"
 
 
 @cli
