@@ -37,7 +37,10 @@ def test_less_data_gives_a_smaller_or_more_regularized_model():
     for smaller_data, larger_data in zip(runs, runs[1:]):
         assert size(smaller_data) <= size(larger_data)
         assert smaller_data["dropout"] >= larger_data["dropout"]
-        assert size(smaller_data) < size(larger_data) or smaller_data["dropout"] > larger_data["dropout"]
+    # Where the text limits the run it differs from a large one; where the budget does
+    # (a text seen a few times), the data's size no longer matters.
+    for small in runs[:2]:
+        assert size(small) < size(runs[-1]) or small["dropout"] > runs[-1]["dropout"]
     assert runs[0]["dropout"] > 0 and runs[-1]["dropout"] == 0  # a small text is seen many times; a large once
 
 
