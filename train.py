@@ -138,9 +138,8 @@ def get_lr(it, cfg):
 
 
 def step_seed(seed, rank, it):
-    """The seed of step `it` on process `rank`, for its batches and its dropout masks.
-    Derived afresh at every step, so a resumed run, on any number of processes, draws
-    exactly what an uninterrupted one would, with no generator state to save."""
+    """The seed of step `it` on process `rank`, for its batches and dropout masks. Derived afresh
+    each step, so a resumed run, on any number of processes, draws what an uninterrupted one would."""
     return int(np.random.SeedSequence((seed, rank, it)).generate_state(1)[0])
 
 
@@ -148,8 +147,7 @@ def step_seed(seed, rank, it):
 
 
 def read_start(cfg, device):
-    """The checkpoint to resume from; None for a new run, which must not replace a
-    checkpoint unless told to."""
+    """The checkpoint to resume from; None for a new run, which must not replace one unless told to."""
     path = Path(cfg.out_dir) / "ckpt.pt"
     if cfg.init_from != "resume" and path.exists() and not cfg.overwrite:
         raise UserError(f"{path} exists; continue it with --init_from=resume, "
@@ -157,16 +155,15 @@ def read_start(cfg, device):
     return load_checkpoint(path, device) if cfg.init_from == "resume" else None
 
 
-def time_steps(cfg, meta, splits, device, dtype, autocast, world, model=None, optimizer=None, scaler=None):
+def time_steps(cfg, meta, splits, device, dtype, autocasts, world, model=None, optimizer=None, scaler=None):
     """(seconds per training step, seconds per evaluation with its checkpoints) for cfg here, from
-    a few real steps (budget.time_steps); autocast: the training's and the evaluations'. Without
-    a model, one is built for cfg and dropped."""
+    a few real steps (budget.time_steps). Without a model, one is built for cfg and dropped."""
     if model is None:
         model = GPT(model_config(cfg, meta["vocab_size"])).to(device)
         optimizer = configure_optimizer(model, cfg, device.split(":")[0])
         scaler = torch.amp.GradScaler(enabled=dtype == torch.float16)
-    step = functools.partial(train_step, accum=cfg.grad_accum, autocast=autocast[0], cfg=cfg)
-    return agree_on(budget.time_steps(cfg, splits, device, autocast[1], world, model, optimizer, scaler, step),
+    step = functools.partial(train_step, accum=cfg.grad_accum, autocast=autocasts[0], cfg=cfg)
+    return agree_on(budget.time_steps(cfg, splits, device, autocasts[1], world, model, optimizer, scaler, step),
                     device, world)
 
 
@@ -244,8 +241,8 @@ def run(cfg, sources, device, rank, world, lock):
     cfg = dataclasses.replace(cfg, dtype=str(dtype).removeprefix("torch."))  # and kept, for a resume
     autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
-    # On a CPU evaluations run in fp32: exact, and what score.py reports for the same text.
-    eval_autocast = contextlib.nullcontext() if device_type == "cpu" else autocast
+    # The training's and the evaluations'; on a CPU these run in fp32: exact, and score.py's figure.
+    autocasts = (autocast, contextlib.nullcontext() if device_type == "cpu" else autocast)
     seconds = max_steps = None
     if ckpt is None:  # a time budget fixes the steps (and with no preset, the model) once, here
         preset = any(where != "command line" for where in sources.values())
@@ -255,7 +252,7 @@ def run(cfg, sources, device, rank, world, lock):
             cfg = finetune_settings(source, cfg, meta)
         elif not preset:
             measure = functools.partial(time_steps, meta=meta, splits=splits, device=device, dtype=dtype,
-                                        autocast=(autocast, eval_autocast), world=world)
+                                        autocasts=autocasts, world=world)
             cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
                                                   meta["vocab_size"], seconds or budget.parse_duration(
                                                       budget.DEFAULT_BUDGET), measure, say)
@@ -297,8 +294,7 @@ def run(cfg, sources, device, rank, world, lock):
     if dist.is_initialized():  # under torchrun, even with one process
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
     if seconds is not None:
-        step_s, eval_s = time_steps(cfg, meta, splits, device, dtype, (autocast, eval_autocast), world, model,
-                                    optimizer, scaler)
+        step_s, eval_s = time_steps(cfg, meta, splits, device, dtype, autocasts, world, model, optimizer, scaler)
         cfg = budget.fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps, say)
     # batch_size and grad_accum are per process, so one step sees all of this:
     sequences_per_iter = cfg.batch_size * cfg.grad_accum * world
@@ -322,7 +318,7 @@ def run(cfg, sources, device, rank, world, lock):
     def evaluate(it, lr):
         """Estimates the losses and logs them; saves ckpt.pt, and best.pt when val improved."""
         nonlocal best_val, bad_evals
-        losses = estimate_loss(eval_model, splits, cfg, device, eval_autocast, seed=cfg.seed + it)
+        losses = estimate_loss(eval_model, splits, cfg, device, autocasts[1], seed=cfg.seed + it)
         record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
                   "val_bpc": losses["val"] / math.log(2), "lr": lr}
         append_record(out_dir, record)
