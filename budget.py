@@ -7,9 +7,10 @@
 With no preset, `choose_run` picks the model and its training from the number of
 training tokens, the vocabulary and the compute the time budget buys on this
 device. With a budget, `plan_steps` turns the time into a number of steps once,
-from step and evaluation times measured at the start (the probe, in train.py):
-the learning-rate schedule then ends on time, and the count is stored in the
-checkpoint, so a resumed run continues exactly instead of measuring again.
+from step and evaluation times measured at the start (the probe, in train.py),
+and `replan` fits it again at evaluations in the run's first 3/4, from the
+loop's own times: the learning-rate schedule then ends on time, and the count is
+stored in the checkpoint, so a resumed run continues exactly instead of measuring again.
 """
 
 import copy
@@ -73,7 +74,7 @@ MAX_STEPS = 4000  # past this, larger batches instead of more steps
 RECIPE = {"pos": "rope", "optimizer": "muon", "muon_lr": 0.015, "muon_momentum": 0.9, "learning_rate": 1.5e-3,
           "weight_decay": 0.1, "bias": False}
 EVALS = 12  # evaluations spread over a run with no preset (and one at the start)
-USABLE = 0.95  # of a budget, for steps and evaluations: the rest for the exit, and steps 4-7% slower than the probe's
+USABLE = 0.97  # of a budget, for steps and evaluations: the rest for saving, the exit and a slower last quarter
 EVAL_BATCHES = 20  # batches per loss estimate when the val split is too large to read whole
 
 
@@ -160,10 +161,11 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds, m
     return dataclasses.replace(cfg, **{k: v for k, v in settings.items() if k not in sources}), max_steps
 
 
-def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, say=print):
-    """cfg with the steps that fit in what is left of the time budget, fixed once: the schedule ends
-    on time. With no preset, evaluations are spread over the run."""
-    left = USABLE * seconds - process_age()
+def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, elapsed=None, say=print):
+    """cfg with the steps that fit in what is left of the time budget: the schedule ends on time.
+    With no preset, evaluations are spread over the run. elapsed: process_age() unless given
+    (under torchrun, rank 0's, so that every process plans the same steps)."""
+    left = USABLE * seconds - (process_age() if elapsed is None else elapsed)
     spread = "eval_interval" not in sources
     steps = plan_steps(left, step_s, eval_s, None if spread else cfg.eval_interval, max_steps)
     if steps < 1:
@@ -181,18 +183,43 @@ def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, say=print
     return cfg
 
 
+def replan(cfg, sources, seconds, it, step_s, eval_s, max_steps=None, elapsed=None, say=print):
+    """cfg with its steps fitted again, at iteration it, to what is left of the budget, from the
+    loop's own mean step and evaluation times: a short probe can be 20% off on a busy machine.
+    train.py does this at each evaluation in a run's first 3/4, where the schedule takes the
+    change in its stride. Evaluations keep their interval; what the command line set stays.
+    elapsed: process_age() unless given. Says so when the steps change by 1% or more."""
+    if sources.get("max_iters") == "command line":
+        return cfg
+    left = USABLE * seconds - (process_age() if elapsed is None else elapsed)
+    room = None if max_steps is None else max(0, max_steps - it)
+    steps = it + (plan_steps(left, step_s, eval_s, cfg.eval_interval, room) if room != 0 else 0)
+    if abs(steps - cfg.max_iters) >= 0.01 * cfg.max_iters:
+        say(f"time budget: steps take {step_s * 1000:.0f} ms and evaluations {eval_s:.1f} s so far: "
+            f"{steps:,} steps in all (planned: {cfg.max_iters:,})")
+    changes = {"max_iters": steps} if sources.get("lr_decay_iters") == "command line" else {
+        "max_iters": steps, "lr_decay_iters": steps}
+    return dataclasses.replace(cfg, **changes)
+
+
 # --- The budget ---------------------------------------------------------------------------
 
 
 def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None):
     """How many steps fit in seconds_left, when each takes step_s, and an evaluation (with its
-    checkpoints) taking eval_s comes every eval_interval steps and at the end (None: EVALS
+    checkpoints) taking eval_s comes first, every eval_interval steps and at the end (None: EVALS
     evaluations spread over the run, and one at the start). At most max_steps."""
-    if eval_interval is None:  # steps * step_s + (EVALS + 1) * eval_s = seconds_left
-        steps = int((seconds_left - (EVALS + 1) * eval_s) / step_s)
-    else:  # steps * step_s + (steps / eval_interval + 1) * eval_s = seconds_left
-        steps = int((seconds_left - eval_s) / (step_s + eval_s / eval_interval))
-    return max(0, min(steps, max_steps or steps))
+
+    def evaluations(steps):
+        if eval_interval is None:
+            return EVALS + 1
+        return 1 + steps // eval_interval + (steps % eval_interval > 0)
+
+    per_step = step_s + (0 if eval_interval is None else eval_s / eval_interval)
+    steps = max(0, int((seconds_left - evaluations(0) * eval_s) / per_step))  # about right: at most one over
+    while steps > 0 and steps * step_s + evaluations(steps) * eval_s > seconds_left:
+        steps -= 1
+    return min(steps, max_steps or steps)
 
 
 def time_steps(cfg, splits, device, autocast, world, model, optimizer, scaler, train_step):

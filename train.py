@@ -86,8 +86,8 @@ class TrainConfig:
     muon_ns_steps: int = option(5, "Newton-Schulz steps per Muon update", low=1)
     muon_weight_decay: float = option(0.0, "Muon's weight decay", low=0)
     # evaluation and logging
-    max_time: str = option("", "a time budget for the whole run, e.g. 90s, 5m, 2h: the steps are fitted to it "
-                                f"(empty: {budget.DEFAULT_BUDGET} when neither a preset nor --max_iters sets the steps)")
+    max_time: str = option("", "a time budget for the whole run, e.g. 90s, 5m, 2h: the steps are fitted to it"
+                                f" (empty: {budget.DEFAULT_BUDGET} if neither a preset nor --max_iters sets the steps)")
     patience: int = option(5, "stop early when val loss has not improved for this many evaluations (0: never)",
                            low=0)
     eval_interval: int = option(250, "evaluate and checkpoint every this many steps", low=1)
@@ -295,7 +295,8 @@ def run(cfg, sources, device, rank, world, lock):
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
     if seconds is not None:
         step_s, eval_s = time_steps(cfg, meta, splits, device, dtype, autocasts, world, model, optimizer, scaler)
-        cfg = budget.fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps, say)
+        elapsed = agree_on((budget.process_age(),), device, world)[0]
+        cfg = budget.fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps, elapsed, say)
     # batch_size and grad_accum are per process, so one step sees all of this:
     sequences_per_iter = cfg.batch_size * cfg.grad_accum * world
     tokens_per_iter = sequences_per_iter * cfg.block_size
@@ -346,15 +347,28 @@ def run(cfg, sources, device, rank, world, lock):
     step_ms = []
     stop_early = bool(cfg.patience and bad_evals >= cfg.patience)  # a resumed run that had stopped early
     it = start_iter
+    # With a budget, the steps are fitted again at each evaluation in the run's first 3/4, from the
+    # loop's own times: the budget's clock (process_age), less the evaluations, over the steps.
+    loop_start, eval_seconds, evals = budget.process_age(), 0.0, 0
     with terminal.StopRequested() as stop:
         while True:
+            eval_due = (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != evaluated
+            if eval_due and seconds is not None and evals and start_iter < it <= 0.75 * cfg.max_iters:
+                now = budget.process_age()
+                step_s, eval_s, now = agree_on(((now - loop_start - eval_seconds) / (it - start_iter),
+                                                eval_seconds / evals, now), device, world)
+                cfg = budget.replan(cfg, sources, seconds, it, step_s, eval_s, max_steps, now,
+                                    bar.write if master else say)
+                bar.total = cfg.max_iters
             lr = get_lr(it, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at muon_lr's scale
-            if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != evaluated:
+            if eval_due:
+                t_eval = budget.process_age()
                 if master:
                     evaluate(it, lr)
                 stop_early = agree(cfg.patience and bad_evals >= cfg.patience, device, world)
+                eval_seconds, evals = eval_seconds + budget.process_age() - t_eval, evals + 1
             if it >= cfg.max_iters or stop_early:
                 break
 

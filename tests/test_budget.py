@@ -83,9 +83,12 @@ def test_a_bad_duration_is_a_user_error(text):
 def test_planned_steps_and_evaluations_fill_the_time_without_passing_it(eval_interval):
     step_s, eval_s, seconds = 0.05, 0.4, 120
     steps = budget.plan_steps(seconds, step_s, eval_s, eval_interval)
-    evals = budget.EVALS + 1 if eval_interval is None else steps // eval_interval + 1
-    assert steps * step_s + evals * eval_s <= seconds + 1e-9
-    assert (steps + 5) * step_s + evals * eval_s > seconds - (eval_s if eval_interval else 0)  # nearly full
+
+    def used(steps):  # an evaluation at the start, every eval_interval steps, and at the end
+        evals = budget.EVALS + 1 if eval_interval is None else len({0, steps, *range(0, steps, eval_interval)})
+        return steps * step_s + evals * eval_s
+
+    assert used(steps) <= seconds + 1e-9 and used(steps + 1) > seconds - 1e-9  # full: one more would not fit
     assert budget.plan_steps(seconds, step_s, eval_s, eval_interval, max_steps=10) == 10
 
 
@@ -104,38 +107,57 @@ def test_no_time_left_is_a_user_error():
         budget.fit_to_time(train.TrainConfig(max_time="1s"), {}, 1, step_s=5.0, eval_s=1.0, say=lambda *a: None)
 
 
+class FakeClock:
+    """The budget's clock (budget.process_age), moved only by training steps and evaluations:
+    the probe says a step takes 10 ms and an evaluation 0.1 s; the loop's steps take step_s."""
+
+    def __init__(self, monkeypatch):
+        self.now, self.step_s, self.probes = 0.0, 0.01, []
+        real_step, real_estimate = train.train_step, train.estimate_loss
+
+        def time_steps(cfg, *args, **kwargs):
+            self.probes.append(cfg)
+            self.now = 0.0  # a new run's probe: its process has just started
+            return 0.01, 0.1
+
+        def train_step(*args, **kwargs):
+            self.now += self.step_s
+            return real_step(*args, **kwargs)
+
+        def estimate_loss(*args, **kwargs):
+            self.now += 0.1
+            return real_estimate(*args, **kwargs)
+
+        monkeypatch.setattr(train, "time_steps", time_steps)
+        monkeypatch.setattr(train, "train_step", train_step)
+        monkeypatch.setattr(train, "estimate_loss", estimate_loss)
+        monkeypatch.setattr(budget, "process_age", lambda: self.now)
+
+
 @pytest.fixture
-def measured(monkeypatch):
-    """Every step takes 10 ms and every evaluation 0.1 s, and the process has just started:
-    the budget's arithmetic, without a clock."""
-    calls = []
-
-    def time_steps(cfg, *args, **kwargs):
-        calls.append(cfg)
-        return 0.01, 0.1
-
-    monkeypatch.setattr(train, "time_steps", time_steps)
-    monkeypatch.setattr(budget, "process_age", lambda: 0.0)
-    return calls
+def clock(monkeypatch):
+    return FakeClock(monkeypatch)
 
 
 def read_log(out_dir):
     return [json.loads(line) for line in open(Path(out_dir) / "log.jsonl")]
 
 
-def test_no_preset_sizes_the_run_then_fits_its_steps_to_the_budget(data_dir, tmp_path, measured, capsys):
+def test_no_preset_sizes_the_run_then_fits_its_steps_to_the_budget(data_dir, tmp_path, clock, capsys):
     assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=4s", "--patience=0"]) == 0
     out = capsys.readouterr().out
     assert "no preset: sized for the data" in out and "time budget 4s" in out
     saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
     expected = budget.plan_steps(budget.USABLE * 4, 0.01, 0.1)
-    assert saved["max_iters"] == saved["lr_decay_iters"] == expected
+    assert saved["lr_decay_iters"] == saved["max_iters"]
+    assert abs(saved["max_iters"] - expected) <= 1  # fitted again from steps as fast as the probe's: kept
     assert saved["optimizer"] == "muon" and saved["pos"] == "rope"  # the rule's recipe
     evals = [r["iter"] for r in read_log(tmp_path) if "val_loss" in r]
-    assert evals[-1] == expected and len(evals) == budget.EVALS + 1
+    assert evals[-1] == saved["max_iters"] and len(evals) == budget.EVALS + 1
+    assert clock.now <= budget.USABLE * 4 + 1e-9
 
 
-def test_the_command_line_overrides_the_rule(data_dir, tmp_path, measured):
+def test_the_command_line_overrides_the_rule(data_dir, tmp_path, clock):
     args = [f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=2s", "--n_layer=1", "--batch_size=3",
             "--max_iters=7"]
     assert train.main(args) == 0
@@ -143,15 +165,29 @@ def test_the_command_line_overrides_the_rule(data_dir, tmp_path, measured):
     assert (saved["n_layer"], saved["batch_size"], saved["max_iters"]) == (1, 3, 7)
 
 
-def test_a_preset_with_max_time_keeps_its_model_and_gets_steps_for_the_time(data_dir, tmp_path, measured):
+def test_a_preset_with_max_time_keeps_its_model_and_gets_steps_for_the_time(data_dir, tmp_path, clock):
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=3s"]) == 0
     saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
     assert (saved["n_layer"], saved["n_embd"]) == (2, 32)  # tiny.toml's
     assert saved["max_iters"] == budget.plan_steps(budget.USABLE * 3, 0.01, 0.1, saved["eval_interval"])
-    assert len(measured) == 1  # only the steps were measured: no model to choose
+    assert len(clock.probes) == 1  # only the steps were measured: no model to choose
 
 
-def test_a_run_stopped_and_resumed_ends_with_the_weights_of_one_that_was_not(data_dir, tmp_path, measured,
+@pytest.mark.parametrize("step_s", [0.005, 0.02])
+def test_steps_slower_or_faster_than_the_probe_said_are_fitted_again_as_the_run_goes(
+        data_dir, tmp_path, clock, capsys, step_s):
+    clock.step_s = step_s  # the probe said 10 ms
+    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=3s"]) == 0
+    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    planned = budget.plan_steps(budget.USABLE * 3, 0.01, 0.1, saved["eval_interval"])
+    assert f"planned: {planned:,}" in capsys.readouterr().out
+    assert (saved["max_iters"] < planned) if step_s > 0.01 else (saved["max_iters"] > planned)
+    assert saved["lr_decay_iters"] == saved["max_iters"]
+    # The run ended within its budget, and less than a step and an evaluation short of it.
+    assert budget.USABLE * 3 - step_s - 0.1 < clock.now <= budget.USABLE * 3 + 1e-9
+
+
+def test_a_run_stopped_and_resumed_ends_with_the_weights_of_one_that_was_not(data_dir, tmp_path, clock,
                                                                              monkeypatch):
     args = [f"--data_dir={data_dir}", "--max_time=3s", "--dropout=0.1", "--patience=0"]
     assert train.main([*args, f"--out_dir={tmp_path / 'whole'}"]) == 0
@@ -167,9 +203,9 @@ def test_a_run_stopped_and_resumed_ends_with_the_weights_of_one_that_was_not(dat
     monkeypatch.setattr(train, "train_step", interrupted_step)
     assert train.main([*args, f"--out_dir={tmp_path / 'split'}"]) == 130
     monkeypatch.setattr(train, "train_step", real_step)
-    measured.clear()
+    clock.probes.clear()
     assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'split'}", "--init_from=resume"]) == 0
-    assert measured == []  # the resumed run kept the steps it planned: nothing measured again
+    assert clock.probes == []  # the resumed run kept the steps it planned: nothing measured again
     whole = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
     split = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
     assert whole["iter"] == split["iter"] == whole["train_config"]["max_iters"]
