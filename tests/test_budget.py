@@ -53,6 +53,17 @@ def test_a_faster_device_gives_a_larger_model():
     assert size(choose(30_000_000, flops_per_s=20e12)[0]) > size(choose(30_000_000, flops_per_s=50 * GFLOPS)[0])
 
 
+def test_a_text_read_at_most_twice_gets_larger_batches_than_one_read_often():
+    seconds, flops_per_s = 300, 50 * GFLOPS
+    big = choose(10**9, seconds, flops_per_s)[0]
+    n_layer, n_embd = big["n_layer"], big["n_embd"]
+    total = flops_per_s * seconds / budget.model_flops_per_token(n_layer, n_embd, big["block_size"], 65)  # tokens
+    fresh, _ = choose(int(total / 1.5), seconds, flops_per_s)  # read 1.5 times: every token new
+    repeated, _ = choose(int(total / 3), seconds, flops_per_s)  # read 3 times
+    assert (fresh["n_layer"], fresh["n_embd"]) == (repeated["n_layer"], repeated["n_embd"]) == (n_layer, n_embd)
+    assert fresh["batch_size"] >= 1.5 * repeated["batch_size"]
+
+
 def test_a_small_text_caps_the_steps_at_what_it_can_give():
     settings, max_steps = choose(20_000, seconds=36_000)
     tokens_per_step = settings["batch_size"] * settings["block_size"]
