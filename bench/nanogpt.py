@@ -3,6 +3,7 @@
     python bench/nanogpt.py --nanogpt=../shared/peers/nanoGPT --input=../shared/data/tinyshakespeare/input.txt
     python bench/nanogpt.py --nanogpt=... --input=... --repeats=3 --runs=nanogpt --runs=classic --runs=fast
     python bench/nanogpt.py --nanogpt=... --input=... --device=cuda    # the GPU reference run, against ours
+    python bench/nanogpt.py --training=false    # sampling only, the trained runs in --work for whole-process
 
 nanoGPT is copied into --work (it writes into its own folders) and prepares its own
 data from --input; this repository prepares the same text. Then each run is a whole
@@ -78,6 +79,7 @@ class BenchConfig:
     target: float = option(1.886, "the val loss whose time to reach is reported (0: nanoGPT's best in this run)")
     sample_tokens: int = option(500, "new tokens per sample")
     sampling: bool = option(True, "measure sampling after training (false: training only)")
+    training: bool = option(True, "train (false: sampling only, whole-process from the runs already in --work)")
     work: str = option("out/bench_nanogpt", "where nanoGPT's copy, the data and the runs go")
     iters: int = option(0, "steps of every run, for a quick check (0: each run's own, nanoGPT's 2000)")
 
@@ -259,8 +261,8 @@ def main(argv):
     work.mkdir(parents=True, exist_ok=True)
     nano, data_dir = setup(cfg, work)
     print(f"machine: {machine()}")
-    results = training(cfg, mode, work, nano, data_dir)
-    print_training(results, cfg.target)
+    if cfg.training:
+        print_training(training(cfg, mode, work, nano, data_dir), cfg.target)
     if not cfg.sampling:
         return 0
     theirs, ours, nocache = sampling_in_process(nano, mode["shape"], cfg.device, cfg.sample_tokens)
