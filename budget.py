@@ -13,6 +13,7 @@ loop's own times: the learning-rate schedule then ends on time, and the count is
 stored in the checkpoint, so a resumed run continues exactly instead of measuring again.
 """
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -202,9 +203,30 @@ def replan(cfg, sources, seconds, it, step_s, eval_s, max_steps=None, elapsed=No
     if abs(steps - cfg.max_iters) >= 0.01 * cfg.max_iters:
         say(f"time budget: steps take {step_s * 1000:.0f} ms and evaluations {eval_s:.1f} s so far: "
             f"{steps:,} steps in all (planned: {cfg.max_iters:,})")
-    changes = {"max_iters": steps} if sources.get("lr_decay_iters") == "command line" else {
-        "max_iters": steps, "lr_decay_iters": steps}
+    changes = {k: steps for k in ("max_iters", "lr_decay_iters") if sources.get(k) != "command line"}
     return dataclasses.replace(cfg, **changes)
+
+
+class LoopTimes:
+    """The training loop's own times on the budget's clock (process_age), for replan: the time
+    since the loop started, less its evaluations, over its steps."""
+
+    def __init__(self, it):
+        self.start, self.first, self.eval_seconds, self.evals = process_age(), it, 0.0, 0
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        t0 = process_age()
+        yield
+        self.eval_seconds, self.evals = self.eval_seconds + process_age() - t0, self.evals + 1
+
+    def means(self, it):
+        """(seconds per step, seconds per evaluation, the clock now) at iteration it, or None
+        before the loop has both stepped and evaluated."""
+        if not self.evals or it <= self.first:
+            return None
+        now = process_age()
+        return (now - self.start - self.eval_seconds) / (it - self.first), self.eval_seconds / self.evals, now
 
 
 # --- The budget ---------------------------------------------------------------------------

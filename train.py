@@ -347,16 +347,13 @@ def run(cfg, sources, device, rank, world, lock):
     step_ms = []
     stop_early = bool(cfg.patience and bad_evals >= cfg.patience)  # a resumed run that had stopped early
     it = start_iter
-    # With a budget, the steps are fitted again at each evaluation in the run's first 3/4, from the
-    # loop's own times: the budget's clock (process_age), less the evaluations, over the steps.
-    loop_start, eval_seconds, evals = budget.process_age(), 0.0, 0
+    times = budget.LoopTimes(start_iter)  # with a budget, the steps are fitted again from these
     with terminal.StopRequested() as stop:
         while True:
             eval_due = (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != evaluated
-            if eval_due and seconds is not None and evals and start_iter < it <= 0.75 * cfg.max_iters:
-                now = budget.process_age()
-                step_s, eval_s, now = agree_on(((now - loop_start - eval_seconds) / (it - start_iter),
-                                                eval_seconds / evals, now), device, world)
+            measured = times.means(it) if eval_due and seconds and it <= 0.75 * cfg.max_iters else None
+            if measured:  # at each evaluation in the run's first 3/4
+                step_s, eval_s, now = agree_on(measured, device, world)
                 cfg = budget.replan(cfg, sources, seconds, it, step_s, eval_s, max_steps, now,
                                     bar.write if master else say)
                 bar.total = cfg.max_iters
@@ -364,11 +361,10 @@ def run(cfg, sources, device, rank, world, lock):
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at muon_lr's scale
             if eval_due:
-                t_eval = budget.process_age()
-                if master:
-                    evaluate(it, lr)
-                stop_early = agree(cfg.patience and bad_evals >= cfg.patience, device, world)
-                eval_seconds, evals = eval_seconds + budget.process_age() - t_eval, evals + 1
+                with times.evaluation():
+                    if master:
+                        evaluate(it, lr)
+                    stop_early = agree(cfg.patience and bad_evals >= cfg.patience, device, world)
             if it >= cfg.max_iters or stop_early:
                 break
 
