@@ -70,7 +70,7 @@ TOKENS_PER_PARAM = 3
 # Measured on a 23 KB and a 170 KB text: with dropout, a small text still gives after 30 to 60
 # passes over it; without, the model memorizes it within a few.
 MAX_EPOCHS = 50
-MAX_STEPS = 2500  # past this, larger batches instead of more steps (2000 on a text read at most twice)
+MAX_STEPS = 3000  # past this, larger batches instead of more steps (2000 on a text read at most twice)
 # The fast recipe (config/shakespeare_char_cpu_fast.toml): Muon for the block matrices, rotary positions.
 RECIPE = {"pos": "rope", "optimizer": "muon", "muon_lr": 0.015, "muon_momentum": 0.9, "learning_rate": 1.5e-3,
           "weight_decay": 0.1, "bias": False}
