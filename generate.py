@@ -77,10 +77,10 @@ class KVCache:
             self.k[i] = None if k is None else k.new_empty(B, H, self.max_len, hs)
         held, S = self.held, self.length
         if S <= self.max_len:  # room for them: written in place, read as views of the buffers
-            self.v[i][:, :, held:S] = v
+            self.v[i].narrow(2, held, S - held).copy_(v)  # [:, :, held:S] = v, a few us sooner
             if k is not None:
-                self.k[i][:, :, held:S] = k
-            return (None if k is None else self.k[i][:, :, :S]), self.v[i][:, :, :S]  # (B, H, S, hs)
+                self.k[i].narrow(2, held, S - held).copy_(k)
+            return (None if k is None else self.k[i].narrow(2, 0, S)), self.v[i].narrow(2, 0, S)  # (B, H, S, hs)
         # More than the buffers hold: attend to copies, and keep the newest max_len.
         v = torch.cat([self.v[i][:, :, :held], v], dim=2)  # (B, H, S, hs)
         self.v[i].copy_(v[:, :, -self.max_len :])
@@ -153,4 +153,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         drop = probs.cumsum(dim=-1) - probs >= top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
+    # A draw from probs: the largest p / q, each q drawn from Exp(1). It is what
+    # torch.multinomial does for one sample, token for token with the same generator,
+    # without the checks it makes of probs at every call (these come from a softmax).
+    q = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / q).argmax(dim=-1, keepdim=True)

@@ -235,8 +235,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x, mask=None, cache=None, rope=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # (B, T, 3, H, hs)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hs): three views, one call
         if rope is not None:
             q, k = rotate(q, rope), rotate(k, rope)  # cached keys keep their rotation
         if cache is not None:
