@@ -70,7 +70,7 @@ TOKENS_PER_PARAM = 3
 # Measured on a 23 KB and a 170 KB text: with dropout, a small text still gives after 30 to 60
 # passes over it; without, the model memorizes it within a few.
 MAX_EPOCHS = 50
-MAX_STEPS = 2000  # past this, larger batches instead of more steps
+MAX_STEPS = 1500  # past this, larger batches instead of more steps
 # The fast recipe (config/shakespeare_char_cpu_fast.toml): Muon for the block matrices, rotary positions.
 RECIPE = {"pos": "rope", "optimizer": "muon", "muon_lr": 0.015, "muon_momentum": 0.9, "learning_rate": 1.5e-3,
           "weight_decay": 0.1, "bias": False}
@@ -119,10 +119,10 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds):
     epochs = total / train_tokens
     # A batch for about MAX_STEPS steps: enough to learn, not so many that each one's fixed cost
     # dominates (on a 2-core CPU, 4 x 128: about 30 ms a step, plus 2 ms a sequence of 64).
-    # Measured at 5 minutes, best.pt on the whole val split, bits/char: Tiny Shakespeare (3 to 6
-    # passes) 2.18 with batch 48 over 2,100 steps, 2.18 with 32 over 2,900, 2.19 with 24 over
-    # 3,600, 2.20 with 16 over 4,500; a 109k text (40 passes) 2.03 with 48 over 1,500, 2.08 with
-    # 24 over 2,300; a 4.6M text (1 pass) 1.82 with 64 over 1,400, 1.90 with 16.
+    # Measured at 5 minutes, best.pt on the whole val split, bits/char: Tiny Shakespeare (3 to 7
+    # passes) 2.18 with batch 64 over 1,600 steps, 48 over 2,100 and 32 over 2,900, 2.19 with 24
+    # over 3,600, 2.20 with 16 over 4,500; a 109k text (35-50 passes) 2.03 with 48 over 1,500,
+    # 2.09 with 24 over 2,300; a 4.6M text (1 pass) 1.82 with 64 over 1,400, 1.90 with 16.
     batch = max(16, min(128, 8 * round(total / (block * MAX_STEPS) / 8)))
     # The more often each token is seen, the more the model must be kept from memorizing it:
     # none up to 8 passes, 0.1 at 16, 0.2 from 32 (the measured best at 30-60 passes; 0.3 was
