@@ -134,7 +134,12 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds):
     settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=0 if whole_val else EVAL_BATCHES)
     reason = (f"{train_tokens:,} training tokens; {n_layer} layers x {n_embd} wide, block {block}, batch {batch}, "
               f"dropout {dropout:g}: about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)")
-    return settings, max(1, int(data_tokens / (batch * block))), reason
+    return settings, most_steps(train_tokens, batch * block), reason
+
+
+def most_steps(train_tokens, tokens_per_step):
+    """The steps worth taking on a text: MAX_EPOCHS passes over it."""
+    return max(1, int(MAX_EPOCHS * train_tokens / tokens_per_step))
 
 
 def size_run(train_tokens, val_tokens, vocab_size, seconds, rate):
@@ -165,10 +170,11 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds, m
         flops = model_flops_per_token(probe.n_layer, probe.n_embd, probe.block_size, vocab_size)
         return probe.batch_size * probe.grad_accum * probe.block_size * flops / step_s
 
-    settings, max_steps, reason = size_run(train_tokens, val_tokens, vocab_size, seconds - process_age(), rate)
+    settings, _, reason = size_run(train_tokens, val_tokens, vocab_size, seconds - process_age(), rate)
     kept = sorted(k for k in settings if k in sources)
     say(f"no preset: sized for the data. {reason}" + (f" ({', '.join(kept)} as given)" if kept else ""))
-    return dataclasses.replace(cfg, **{k: v for k, v in settings.items() if k not in sources}), max_steps
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in settings.items() if k not in sources})
+    return cfg, most_steps(train_tokens, cfg.batch_size * cfg.grad_accum * cfg.block_size)  # the batch as given
 
 
 def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, elapsed=None, say=print):

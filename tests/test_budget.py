@@ -76,6 +76,17 @@ def test_a_small_text_caps_the_steps_at_what_it_can_give():
     assert max_steps * tokens_per_step <= budget.MAX_EPOCHS * 20_000 + tokens_per_step
 
 
+def test_a_batch_given_on_the_command_line_counts_in_the_cap_on_steps():
+    def measure(cfg):
+        return 0.01, 0.1
+
+    cfg = train.TrainConfig(batch_size=4)
+    sized, max_steps = budget.size_for_data(cfg, {"batch_size": "command line"}, 20_000, 2_000, 65, 36_000,
+                                            measure, say=lambda *a: None)
+    assert sized.batch_size == 4
+    assert max_steps == budget.most_steps(20_000, 4 * sized.block_size)  # MAX_EPOCHS passes of batch 4, not the rule's
+
+
 def test_the_context_fits_a_tiny_val_split():
     settings, _, _ = budget.choose_run(2_000, 200, 65, 50 * GFLOPS, 300)
     assert settings["block_size"] <= 100
