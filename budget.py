@@ -143,20 +143,21 @@ def most_steps(train_tokens, tokens_per_step):
 
 
 def size_run(train_tokens, val_tokens, vocab_size, seconds, rate):
-    """choose_run with this device's training rate, rate(settings) -> FLOP/s, measured on the models
-    it considers: a small one first, then each choice, until the choice stands. The rate grows
-    with the model and the batch (a step's fixed cost is shared by more sequences) and falls
-    with dropout (on a 2-core CPU, 0.2 makes a step a third slower), so each is measured as chosen."""
+    """(settings, reason) of choose_run with this device's training rate, rate(settings) -> FLOP/s,
+    measured on the models it considers: a small one first, then each choice, until the choice
+    stands. The rate grows with the model and the batch (a step's fixed cost is shared by more
+    sequences) and falls with dropout (on a 2-core CPU, 0.2 makes a step a third slower), so each
+    is measured as chosen."""
     keys = ("n_layer", "n_embd", "block_size", "batch_size", "dropout")
     choice, tried = {**shape_settings(*SHAPES[2]), **RECIPE, "batch_size": 16, "dropout": 0.0}, []
     for _ in range(5):
-        settings, max_steps, reason = choose_run(train_tokens, val_tokens, vocab_size, rate(choice), seconds)
+        settings, _, reason = choose_run(train_tokens, val_tokens, vocab_size, rate(choice), seconds)
         chosen = [settings[k] for k in keys]
         if chosen == [choice[k] for k in keys] or chosen in tried:  # it stands, or it came back
             break
         tried.append(chosen)
         choice = settings
-    return settings, max_steps, reason
+    return settings, reason
 
 
 def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds, measure, say=print):
@@ -170,7 +171,7 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds, m
         flops = model_flops_per_token(probe.n_layer, probe.n_embd, probe.block_size, vocab_size)
         return probe.batch_size * probe.grad_accum * probe.block_size * flops / step_s
 
-    settings, _, reason = size_run(train_tokens, val_tokens, vocab_size, seconds - process_age(), rate)
+    settings, reason = size_run(train_tokens, val_tokens, vocab_size, seconds - process_age(), rate)
     kept = sorted(k for k in settings if k in sources)
     say(f"no preset: sized for the data. {reason}" + (f" ({', '.join(kept)} as given)" if kept else ""))
     cfg = dataclasses.replace(cfg, **{k: v for k, v in settings.items() if k not in sources})

@@ -64,7 +64,7 @@ def test_size_run_settles_where_the_rate_measured_for_a_choice_gives_that_choice
 
     for train_tokens in (20_000, 1_000_000, 30_000_000):
         probed.clear()
-        settings, _, _ = budget.size_run(train_tokens, train_tokens // 9, 65, 300, rate)
+        settings, _ = budget.size_run(train_tokens, train_tokens // 9, 65, 300, rate)
         again, _, _ = budget.choose_run(train_tokens, train_tokens // 9, 65, rate(settings), 300)
         assert again == settings, train_tokens
         assert "dropout" in probed[0]  # measured as it would train, not with a default's dropout
