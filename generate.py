@@ -18,10 +18,12 @@ class KVCache:
     block_size, or the model's window, so a windowed model's cache is bounded by
     its window however long generation goes. `valid` (B, max_len) marks real
     tokens and the left-padding of shorter prompts in the batch; it stays None
-    while none is. Once full, the cache slides: the oldest position makes room
-    for the newest (past block_size the model allows that only with rope, whose
-    keys do not depend on where the window starts). More new positions than fit
-    (a prompt longer than a window) are attended to whole, and the newest kept.
+    while none is. Once full, the cache slides: the newest position takes the
+    oldest one's slot, so the buffers turn into a ring, put back in order only
+    for a step that needs order (past block_size the model allows sliding only
+    with rope, whose keys do not depend on where the window starts). More new
+    positions than fit (a prompt longer than a window) are attended to whole,
+    and the newest kept.
     """
 
     def __init__(self, n_layer, max_len):
@@ -35,6 +37,8 @@ class KVCache:
         self.real = 0  # real (not padding) tokens ever added, per row (B, 1) once there is padding
         self.dropped = 0  # real tokens before the first one attended to, per row: the window slid past them
         self.layer = 0  # which layer's extend() comes next
+        self.write = 0  # the slot this step's first new position goes to
+        self.oldest = 0  # the slot of the oldest position held: 0 until a full cache slides
 
     def __len__(self):
         return self.length
@@ -47,14 +51,34 @@ class KVCache:
         """Makes room for T new positions, valid (B, T) or None for all real. Returns
         the validity of the S positions they attend to, or None when none is padding."""
         held = min(self.length, self.max_len)  # a step that overflowed kept only the newest max_len
-        if T == 1 and held == self.max_len:  # full: slide the window, dropping the oldest position
+        self.layer = 0
+        if T == 1 and held == self.max_len and valid is None:
+            # Full, and one real token: it takes the oldest one's slot, and the buffers
+            # become a ring. Its one query sees every key, and softmax does not care in
+            # what order: nothing is copied, where shifting moved every key a place.
+            self.write, self.oldest = self.oldest, (self.oldest + 1) % self.max_len
+            self.held, self.length, self.seen = held - 1, held, self.seen + 1
+            if self.valid is None:
+                return None
+            self.valid[:, self.write] = True
+            self.real = self.real + 1
+            self.dropped = self.real - self.valid.sum(dim=1, keepdim=True)  # (B, 1)
+            return self.valid  # in the buffers' order, as the keys are
+        if self.oldest:  # a step that needs the keys in order, after the ring turned: put them back in order
+            for buf in (*self.k, *self.v):
+                if buf is not None:
+                    buf.copy_(buf.roll(-self.oldest, dims=2))
+            if self.valid is not None:
+                self.valid.copy_(self.valid.roll(-self.oldest, dims=1))
+            self.oldest = 0
+        if T == 1 and held == self.max_len:  # full, and a token that may be padding: slide the window
             for buf in (*self.k, *self.v):
                 if buf is not None:
                     buf[:, :, :-1] = buf[:, :, 1:].clone()
             if self.valid is not None:
                 self.valid[:, :-1] = self.valid[:, 1:].clone()
             held -= 1
-        self.held, self.length, self.layer = held, held + T, 0
+        self.held, self.length, self.write = held, held + T, held
         if valid is not None and self.valid is None:
             self.valid = torch.ones(valid.size(0), self.max_len, dtype=torch.bool, device=valid.device)
             self.real = self.seen  # every token before this one was real
@@ -77,9 +101,9 @@ class KVCache:
             self.k[i] = None if k is None else k.new_empty(B, H, self.max_len, hs)
         held, S = self.held, self.length
         if S <= self.max_len:  # room for them: written in place, read as views of the buffers
-            self.v[i].narrow(2, held, S - held).copy_(v)  # [:, :, held:S] = v, a few us sooner
+            self.v[i].narrow(2, self.write, S - held).copy_(v)  # [:, :, write:write + T] = v, a few us sooner
             if k is not None:
-                self.k[i].narrow(2, held, S - held).copy_(k)
+                self.k[i].narrow(2, self.write, S - held).copy_(k)
             return (None if k is None else self.k[i].narrow(2, 0, S)), self.v[i].narrow(2, 0, S)  # (B, H, S, hs)
         # More than the buffers hold: attend to copies, and keep the newest max_len.
         v = torch.cat([self.v[i][:, :, :held], v], dim=2)  # (B, H, S, hs)

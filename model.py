@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import generate  # the KV cache and the decoding loop, kept apart from the lesson
-from positions import rope_frequencies, rotate, sinusoidal_positions  # the encodings past a learned table
+from positions import rope_frequencies, rope_tables, rotate, sinusoidal_positions  # the encodings past a learned table
 
 MIXERS = ("none", "average", "head", "multihead")
 SCORES = ("dot", "additive")  # how a query scores a key: q·k/sqrt(hs), or wᵀ tanh(q + k)
@@ -235,10 +235,11 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x, mask=None, cache=None, rope=None):
         B, T, C = x.shape
-        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # (B, T, 3, H, hs)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hs): three views, one call
-        if rope is not None:
-            q, k = rotate(q, rope), rotate(k, rope)  # cached keys keep their rotation
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hs)
+        if rope is not None:  # queries and keys turned together; cached keys keep their rotation
+            (q, k), v = rotate(qkv[:2], rope).unbind(0), qkv[2]  # each (B, H, T, hs)
+        else:
+            q, k, v = qkv.unbind(0)  # three views, one call
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, H, S, hs)
         if self.fused and not self.keep_weights and self.score_vector is None:
@@ -246,7 +247,7 @@ class MultiHeadAttention(nn.Module):
         else:
             out, weights = explicit_attention(q, k, v, mask, self.attn_dropout, self.score_vector)  # (B, H, T, hs)
             self.weights = weights if self.keep_weights else None
-        out = out.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
+        out = out.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side
         return self.resid_dropout(self.c_proj(out))
 
 
@@ -378,8 +379,7 @@ class GPT(nn.Module):
             x = x + self.pos_table[pos]
         rope = None
         if relative:  # the same angles for every head, at any position
-            angles = pos[:, None] * self.rope_freq  # (T, hs/2)
-            rope = angles.cos(), angles.sin()
+            rope = rope_tables(pos, self.rope_freq)  # (cos, sin), each (T, hs)
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, mask, cache, rope)  # (B, T, C)

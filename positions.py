@@ -32,8 +32,19 @@ def rope_frequencies(head_size, base=10000.0):
     return base ** (-torch.arange(0, head_size, 2).float() / head_size)
 
 
+def rope_tables(pos, freq):
+    """(cos, sin), each (T, hs): what rotate() turns positions pos (T,) by, given freq (hs/2,).
+
+    Pair i is channels i and i + hs/2, so both get pair i's angle, the first one negated:
+    cos(-a) = cos(a), and sin(-a) = -sin(a) puts the rotation's minus sign into the table.
+    """
+    angles = pos[:, None] * torch.cat([-freq, freq])  # (T, hs)
+    return angles.cos(), angles.sin()
+
+
 def rotate(x, rope):
-    """x (B, H, T, hs) with channels i and i + hs/2 turned by their angles in rope."""
-    cos, sin = rope  # each (T, hs/2)
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, H, T, hs)
+    """x (..., T, hs) with each pair (x1, x2) = (channel i, channel i + hs/2) turned by its
+    angle: (x1 cos - x2 sin, x1 sin + x2 cos). roll swaps the halves to (x2, x1), and the
+    table's first half of sin is negated."""
+    cos, sin = rope  # each (T, hs), from rope_tables
+    return x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin  # (..., T, hs)

@@ -4,13 +4,12 @@ import pytest
 import torch
 
 from generate import KVCache
-from model import GPT, GPTConfig, rope_frequencies, rotate
+from model import GPT, GPTConfig, rope_frequencies, rope_tables, rotate
 
 
 def tables(n, head_size):
-    """(cos, sin), each (n, hs/2): the angles of positions 0 to n - 1."""
-    angles = torch.arange(n).float()[:, None] * rope_frequencies(head_size)
-    return angles.cos(), angles.sin()
+    """(cos, sin), each (n, hs): the angles of positions 0 to n - 1."""
+    return rope_tables(torch.arange(n), rope_frequencies(head_size))
 
 
 def test_attention_scores_depend_only_on_the_offset_between_query_and_key():
@@ -24,6 +23,14 @@ def test_attention_scores_depend_only_on_the_offset_between_query_and_key():
     torch.testing.assert_close(score(10, 3), score(50, 43))
     torch.testing.assert_close(score(7, 7), (q * k).sum())  # no offset: as if not rotated
     assert not torch.allclose(score(10, 3), score(10, 4))  # but the offset itself matters
+
+
+def test_each_pair_of_channels_turns_like_a_complex_number_times_e_to_the_i_angle():
+    """Channels i and i + hs/2 as x1 + i x2, times e^(i pos freq_i): the rotation trained checkpoints hold."""
+    x = torch.randn(2, 3, 5, 8)
+    angles = torch.arange(5).float()[:, None] * rope_frequencies(8)  # (T, hs/2)
+    turned = torch.complex(x[..., :4], x[..., 4:]) * torch.polar(torch.ones_like(angles), angles)
+    torch.testing.assert_close(rotate(x, tables(5, 8)), torch.cat([turned.real, turned.imag], dim=-1))
 
 
 def test_rotation_keeps_the_length_of_every_query_and_key():
