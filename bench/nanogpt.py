@@ -208,29 +208,36 @@ def load_nanogpt_model(nano):
     return module
 
 
-def tokens_per_second(generate, repeats=5):
-    """Median tokens/s of generate() -> number of tokens (read back: on a GPU, it waits), after a warm-up."""
-    generate()
-    rates = []
+def tokens_per_second(generators, repeats=7):
+    """{name: median tokens/s} of each generate() -> number of tokens (read back: on a GPU, it
+    waits), after a warm-up. They take turns, so a machine that slows down slows them all."""
+    for generate in generators.values():
+        generate()
+    rates = {name: [] for name in generators}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        n = generate()
-        rates.append(n / (time.perf_counter() - t0))
-    return statistics.median(rates)
+        for name, generate in generators.items():
+            t0 = time.perf_counter()
+            n = generate()
+            rates[name].append(n / (time.perf_counter() - t0))
+    return {name: statistics.median(r) for name, r in rates.items()}
 
 
 @torch.no_grad()
 def sampling_in_process(nano, shape, device, new_tokens):
+    """nanoGPT's model and ours of the same shape, random weights: ours with learned positions as
+    nanoGPT's, with rope (the fast presets' and the automatic run's), and without the KV cache."""
     nanogpt = load_nanogpt_model(nano)
     torch.manual_seed(0)
     theirs = nanogpt.GPT(nanogpt.GPTConfig(**shape, bias=False, dropout=0.0)).to(device).eval()
     ours = GPT(GPTConfig(**shape, bias=False)).to(device).eval()
+    rope = GPT(GPTConfig(**shape, bias=False, pos="rope")).to(device).eval()
     start = torch.zeros(1, 1, dtype=torch.long, device=device)
-    rate_theirs = tokens_per_second(lambda: theirs.generate(start, new_tokens, temperature=0.8, top_k=200).size(1) - 1)
-    rate_ours = tokens_per_second(lambda: ours.generate(start, new_tokens, temperature=0.8, top_k=200).size(1) - 1)
-    rate_nocache = tokens_per_second(
-        lambda: ours.generate(start, new_tokens, temperature=0.8, top_k=200, use_cache=False).size(1) - 1)
-    return rate_theirs, rate_ours, rate_nocache
+
+    def run(model, **kwargs):
+        return lambda: model.generate(start, new_tokens, temperature=0.8, top_k=200, **kwargs).size(1) - 1
+
+    return tokens_per_second({"nanogpt": run(theirs), "ours": run(ours), "rope": run(rope),
+                              "nocache": run(ours, use_cache=False)})
 
 
 def sampling_whole_process(nano, work, ours_run, device, new_tokens, repeats=5):
@@ -265,10 +272,12 @@ def main(argv):
         print_training(training(cfg, mode, work, nano, data_dir), cfg.target)
     if not cfg.sampling:
         return 0
-    theirs, ours, nocache = sampling_in_process(nano, mode["shape"], cfg.device, cfg.sample_tokens)
-    print(f"\nsampling {cfg.sample_tokens} tokens in-process on {cfg.device}, {mode['shape']}: nanoGPT "
-          f"{theirs:,.0f} tokens/s, ours {ours:,.0f} tokens/s ({ours / theirs:.1f}x); ours without the KV cache "
-          f"{nocache:,.0f} tokens/s ({ours / nocache:.1f}x less than with it)")
+    rates = sampling_in_process(nano, mode["shape"], cfg.device, cfg.sample_tokens)
+    theirs, ours = rates["nanogpt"], rates["ours"]
+    print(f"\nsampling {cfg.sample_tokens} tokens in-process on {cfg.device}, {mode['shape']}, taking turns (median "
+          f"of 7): nanoGPT {theirs:,.0f} tokens/s, ours {ours:,.0f} tokens/s ({ours / theirs:.2f}x); ours with rope "
+          f"{rates['rope']:,.0f} ({rates['rope'] / theirs:.2f}x); ours without the KV cache {rates['nocache']:,.0f} "
+          f"tokens/s ({ours / rates['nocache']:.1f}x less than with it)")
     walls = sampling_whole_process(nano, work, next(iter(mode["ours"])), cfg.device, cfg.sample_tokens)
     if walls:
         print(f"sampling {cfg.sample_tokens} tokens, whole process (median of 5): nanoGPT {walls['nanogpt']:.2f} s, "
