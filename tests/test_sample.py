@@ -65,6 +65,18 @@ def test_sampled_tokens_are_identical_with_and_without_the_cache_for_a_fixed_see
     assert not torch.equal(runs[0], other_seed)  # the seed matters, so the equality above means something
 
 
+def test_one_token_steps_run_without_onednn_and_leave_the_setting_as_it_was(monkeypatch):
+    model = tiny_gpt()
+    seen = []  # (positions fed, oneDNN on) per forward call
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda idx, **kw: seen.append((idx.size(1), torch.backends.mkldnn.enabled))
+                        or forward(idx, **kw))
+    between = [torch.backends.mkldnn.enabled for _ in model.stream(torch.randint(13, (1, 5)), 6)]
+    assert seen[0] == (5, True)  # the prompt: oneDNN is the faster on many positions
+    assert seen[1:] == [(1, False)] * 5
+    assert between == [True] * 6 and torch.backends.mkldnn.enabled  # the caller's setting, between steps and after
+
+
 def test_a_prompt_longer_than_block_size_is_cut_to_its_last_block_size_tokens():
     model = tiny_gpt()
     idx = torch.randint(13, (1, 3 * BLOCK))
