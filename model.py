@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import generate  # the KV cache and the decoding loop, kept apart from the lesson
-from positions import rope_frequencies, rope_tables, rotate, sinusoidal_positions  # the encodings past a learned table
+from positions import rope_rates, rope_tables, rotate, sinusoidal_positions  # the encodings past a learned table
 
 MIXERS = ("none", "average", "head", "multihead")
 SCORES = ("dot", "additive")  # how a query scores a key: q·k/sqrt(hs), or wᵀ tanh(q + k)
@@ -84,7 +84,7 @@ def padded_vocab_size(n, multiple=64):
     return -(-n // multiple) * multiple
 
 
-# --- Masks --------------------------------------------------------------------
+# --- Masks and dropout ------------------------------------------------------------
 
 
 def causal_mask(T, S, device=None, window=None):
@@ -106,6 +106,14 @@ def attention_mask(valid, T):
     keys = torch.arange(S, device=valid.device)
     itself = keys[None, :] == keys[S - T:, None]  # (T, S): query t's own position
     return (causal & valid[:, None, None, :]) | itself  # (B, 1, T, S)
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout, but free while it does nothing (eval, or p = 0): x comes back without a
+    call into torch, ~3 us less on a CPU, and each generated token passes nine of them."""
+
+    def forward(self, x):
+        return F.dropout(x, self.p) if self.training and self.p > 0 else x
 
 
 # --- Rung 2: causal averaging -----------------------------------------------------
@@ -193,7 +201,7 @@ class Head(nn.Module):
         self.query = nn.Linear(config.n_embd, head_size, bias=False)
         self.key = nn.Linear(config.n_embd, head_size, bias=False)
         self.value = nn.Linear(config.n_embd, head_size, bias=False)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.score_vector = score_vectors(1, head_size) if config.score == "additive" else None
         self.weights = None  # the last attention weights, kept for inspection
 
@@ -226,8 +234,8 @@ class MultiHeadAttention(nn.Module):
         self.n_head = config.n_head
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.attn_dropout = nn.Dropout(config.dropout)
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.attn_dropout = Dropout(config.dropout)
+        self.resid_dropout = Dropout(config.dropout)
         self.fused = config.fused_attention
         self.score_vector = score_vectors(config.n_head, config.head_size) if config.score == "additive" else None
         self.keep_weights = False
@@ -261,7 +269,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.approximate = "tanh" if config.gelu == "tanh" else "none"
 
     def forward(self, x):
@@ -319,8 +327,8 @@ class GPT(nn.Module):
         elif config.pos == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_positions(config.block_size, C), persistent=False)
         elif config.pos == "rope":
-            self.register_buffer("rope_freq", rope_frequencies(config.head_size), persistent=False)
-        self.drop = nn.Dropout(config.dropout)
+            self.register_buffer("rope_rates", rope_rates(config.head_size), persistent=False)
+        self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(C, bias=config.bias) if config.layernorm else nn.Identity()
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
@@ -379,7 +387,7 @@ class GPT(nn.Module):
             x = x + self.pos_table[pos]
         rope = None
         if relative:  # the same angles for every head, at any position
-            rope = rope_tables(pos, self.rope_freq)  # (cos, sin), each (T, hs)
+            rope = rope_tables(pos, self.rope_rates)  # (cos, sin), each (T, hs)
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, mask, cache, rope)  # (B, T, C)

@@ -32,13 +32,17 @@ def rope_frequencies(head_size, base=10000.0):
     return base ** (-torch.arange(0, head_size, 2).float() / head_size)
 
 
-def rope_tables(pos, freq):
-    """(cos, sin), each (T, hs): what rotate() turns positions pos (T,) by, given freq (hs/2,).
+def rope_rates(head_size):
+    """(hs,): each channel's turning rate, pair i's (channels i and i + hs/2) for both, the
+    first one negated: cos(-a) = cos(a), and sin(-a) = -sin(a) puts the rotation's minus
+    sign into the tables, so rotate() needs no sign or split of its own."""
+    freq = rope_frequencies(head_size)
+    return torch.cat([-freq, freq])
 
-    Pair i is channels i and i + hs/2, so both get pair i's angle, the first one negated:
-    cos(-a) = cos(a), and sin(-a) = -sin(a) puts the rotation's minus sign into the table.
-    """
-    angles = pos[:, None] * torch.cat([-freq, freq])  # (T, hs)
+
+def rope_tables(pos, rates):
+    """(cos, sin), each (T, hs): what rotate() turns positions pos (T,) by, given rope_rates."""
+    angles = pos[:, None] * rates  # (T, hs)
     return angles.cos(), angles.sin()
 
 
@@ -47,4 +51,4 @@ def rotate(x, rope):
     angle: (x1 cos - x2 sin, x1 sin + x2 cos). roll swaps the halves to (x2, x1), and the
     table's first half of sin is negated."""
     cos, sin = rope  # each (T, hs), from rope_tables
-    return x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin  # (..., T, hs)
+    return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), sin)  # x cos + roll(x) sin, (..., T, hs)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, POSITIONS, CausalAverage, GPTConfig, additive_scores, attention_mask, fused_attention
+from model import GPT, POSITIONS, CausalAverage, Dropout, GPTConfig, additive_scores, attention_mask, fused_attention
 from optim import split_for_muon
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=4, n_embd=32)
@@ -293,3 +293,10 @@ def test_fused_attention_runs_in_fp32_on_a_cpu_under_bf16_autocast(qk_dtype):
     torch.testing.assert_close(out, expected, atol=3e-2, rtol=3e-2)  # only the inputs' rounding differs
     out.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_dropout_hands_back_its_input_itself_when_idle_and_drops_only_in_training():
+    x = torch.ones(1000)
+    assert Dropout(0.5).eval()(x) is x and Dropout(0.0).train()(x) is x
+    dropped = Dropout(0.5).train()(x)
+    assert 400 < (dropped == 0).sum() < 600 and torch.equal(dropped[dropped != 0], torch.full_like(x, 2.0)[dropped != 0])

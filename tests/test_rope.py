@@ -4,12 +4,13 @@ import pytest
 import torch
 
 from generate import KVCache
-from model import GPT, GPTConfig, rope_frequencies, rope_tables, rotate
+from model import GPT, GPTConfig
+from positions import rope_frequencies, rope_rates, rope_tables, rotate
 
 
 def tables(n, head_size):
     """(cos, sin), each (n, hs): the angles of positions 0 to n - 1."""
-    return rope_tables(torch.arange(n), rope_frequencies(head_size))
+    return rope_tables(torch.arange(n), rope_rates(head_size))
 
 
 def test_attention_scores_depend_only_on_the_offset_between_query_and_key():
