@@ -84,16 +84,48 @@ def training_memory(mconf, batch_size, block_size):
     return n_params, 16 * n_params + 4 * n_buffers + kept + 4 * batch_size * block_size * mconf.vocab_size
 
 
+def memory_bound(mconf, batch_size, block_size):
+    """At least what training_memory(mconf, batch_size, block_size) measures, from the config's numbers alone:
+    microseconds, where the measurement's first meta op imports torch's meta kernels and sympy (over a second)."""
+    C, V, T, tokens = mconf.n_embd, mconf.vocab_size, block_size, batch_size * block_size  # T queries, T keys
+    mixer, ln, ff, drop = mconf.mixer, mconf.layernorm, mconf.feedforward, mconf.dropout > 0
+    H = mconf.n_head if mixer == "multihead" else 1
+    attention = mixer in ("head", "multihead")
+    mixer_params = {"none": 0, "average": 0, "head": 3 * C * C + C, "multihead": 4 * C * C + 5 * C}[mixer]
+    layer_params = 4 * C * ln + mixer_params + (8 * C * C + 5 * C) * ff  # every bias and score vector counted
+    params = mconf.n_layer * layer_params + C * (V * (2 - mconf.tie_weights) + 2 * ln
+                                                 + mconf.block_size * (mconf.pos == "learned"))
+    buffers = mconf.block_size * C + C  # the sinusoidal table or rope's frequencies
+    # Kept for the backward pass, per token and layer, in fp32 rows of C: each LayerNorm's input (its mean
+    # and rstd: 8 bytes); c_attn's input, q, k, v (a view of v keeps all 3 rows of qkv) and c_proj's input,
+    # or a Head's x, q, k, v; the feed-forward's input and two 4C-wide ones (GELU's and c_proj's); dropout masks.
+    norms = (4 * C + 8) * ln * ((mixer != "none") + ff)
+    rows = {"none": 0, "average": 0, "head": 4, "multihead": 7 + drop}[mixer] + (9 + drop) * ff
+    # Each query's H x T attention weights, with dropout also their mask and the dropped copy; additive
+    # scores' (B, H, T, T, hs) tanh, where H * hs = C.
+    weights = 4 * H * T * (1 + 2 * drop) + 4 * T * C * (mconf.score == "additive")
+    per_layer = (tokens * (norms + 4 * C * rows + attention * weights)
+                 + 4 * T * T * (mixer != "none") + 8 * T * C * (mconf.pos == "rope"))  # a (T, T) mask; rope's cos, sin
+    # Once: the ids (int64) and positions; x, its dropout mask, ln_f's input, mean and rstd, lm_head's input;
+    # the log-softmax, and the logits' gradient that training_memory adds.
+    once = tokens * (8 + 4 * C * (2 + drop + ln) + 8 * ln + 8 * V) + 8 * T + 4
+    kept = 4 * params + once + mconf.n_layer * per_layer  # the weights too: the backward pass reads them
+    # 16 bytes a parameter (weight, gradient, AdamW's two moments); what torch 2.13 keeps and a quarter more.
+    return 16 * params + 4 * buffers + kept * 5 // 4
+
+
 def check_model_fits(mconf, batch_size, block_size, device, dtype):
     """Refuses, before it is built, a model whose training cannot fit in the device's memory."""
+    shrink = 2 if dtype.itemsize < 4 else 1  # activations in 16 bits: at least half of it still
+    size, where = memory_size(device)
+    if memory_bound(mconf, batch_size, block_size) // shrink <= size:
+        return  # fits for sure: no second spent measuring
     try:
         n_params, needed = training_memory(mconf, batch_size, block_size)
     except (RuntimeError, OverflowError) as e:  # sizes past what a tensor can have
         raise UserError(f"the model is too large to build ({str(e).splitlines()[0][:120]}); "
                         "make it smaller (--n_layer, --n_embd, --block_size, --batch_size)") from None
-    if dtype.itemsize < 4:
-        needed //= 2  # activations in 16 bits: at least half of it still
-    size, where = memory_size(device)
+    needed //= shrink
     if needed > size:
         raise UserError(f"training a model of {n_params:,} parameters on batches of {batch_size} x {block_size} "
                         f"tokens needs at least {gigabytes(needed)}, and {where} is {gigabytes(size)}; make it "
