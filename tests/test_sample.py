@@ -65,15 +65,17 @@ def test_sampled_tokens_are_identical_with_and_without_the_cache_for_a_fixed_see
     assert not torch.equal(runs[0], other_seed)  # the seed matters, so the equality above means something
 
 
-def test_one_token_steps_run_without_onednn_and_leave_the_setting_as_it_was(monkeypatch):
-    model = tiny_gpt()
+@pytest.mark.parametrize("bf16", [False, True])
+def test_decoding_runs_without_onednn_except_bf16_on_many_positions_and_leaves_the_setting_as_it_was(monkeypatch,
+                                                                                                   bf16):
+    model = tiny_gpt().float()
     seen = []  # (positions fed, oneDNN on) per forward call
     forward = model.forward
     monkeypatch.setattr(model, "forward", lambda idx, **kw: seen.append((idx.size(1), torch.backends.mkldnn.enabled))
                         or forward(idx, **kw))
-    between = [torch.backends.mkldnn.enabled for _ in model.stream(torch.randint(13, (1, 5)), 6)]
-    assert seen[0] == (5, True)  # the prompt: oneDNN is the faster on many positions
-    assert seen[1:] == [(1, False)] * 5
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        between = [torch.backends.mkldnn.enabled for _ in model.stream(torch.randint(13, (1, 5)), 6)]
+    assert seen == [(5, bf16)] + [(1, False)] * 5  # bf16 on a prompt: oneDNN's matmuls are the faster
     assert between == [True] * 6 and torch.backends.mkldnn.enabled  # the caller's setting, between steps and after
 
 
