@@ -208,7 +208,10 @@ def load_nanogpt_model(nano):
     return module
 
 
-def tokens_per_second(generators, repeats=7):
+SAMPLING_ROUNDS = 15  # nanoGPT's rate moves +-7% between runs here: the median of many turns
+
+
+def tokens_per_second(generators, repeats=SAMPLING_ROUNDS):
     """{name: median tokens/s} of each generate() -> number of tokens (read back: on a GPU, it
     waits), after a warm-up. They take turns, so a machine that slows down slows them all."""
     for generate in generators.values():
@@ -275,7 +278,7 @@ def main(argv):
     rates = sampling_in_process(nano, mode["shape"], cfg.device, cfg.sample_tokens)
     theirs, ours = rates["nanogpt"], rates["ours"]
     print(f"\nsampling {cfg.sample_tokens} tokens in-process on {cfg.device}, {mode['shape']}, taking turns (median "
-          f"of 7): nanoGPT {theirs:,.0f} tokens/s, ours {ours:,.0f} tokens/s ({ours / theirs:.2f}x); ours with rope "
+          f"of {SAMPLING_ROUNDS}): nanoGPT {theirs:,.0f} tokens/s, ours {ours:,.0f} tokens/s ({ours / theirs:.2f}x); ours with rope "
           f"{rates['rope']:,.0f} ({rates['rope'] / theirs:.2f}x); ours without the KV cache {rates['nocache']:,.0f} "
           f"tokens/s ({ours / rates['nocache']:.1f}x less than with it)")
     walls = sampling_whole_process(nano, work, next(iter(mode["ours"])), cfg.device, cfg.sample_tokens)
