@@ -216,7 +216,10 @@ def main(argv):
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     lock = RunLock(cfg.out_dir)  # taken once everything is checked; held until the run ends
     try:
-        return run(cfg, sources, device, rank, world, lock)
+        status = run(cfg, sources, device, rank, world, lock)
+        if ddp and status == 0:  # every process at the end before any leaves: gloo can abort one whose peer is gone
+            dist.barrier()
+        return status
     finally:
         lock.release()
         if ddp:
