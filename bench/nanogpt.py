@@ -279,8 +279,8 @@ def main(argv):
     theirs, ours = rates["nanogpt"], rates["ours"]
     print(f"\nsampling {cfg.sample_tokens} tokens in-process on {cfg.device}, {mode['shape']}, taking turns (median "
           f"of {SAMPLING_ROUNDS}): nanoGPT {theirs:,.0f} tokens/s, ours {ours:,.0f} tokens/s ({ours / theirs:.2f}x); "
-          f"ours with rope {rates['rope']:,.0f} ({rates['rope'] / theirs:.2f}x); ours without the KV cache {rates['nocache']:,.0f} "
-          f"tokens/s ({ours / rates['nocache']:.1f}x less than with it)")
+          f"ours with rope {rates['rope']:,.0f} ({rates['rope'] / theirs:.2f}x); ours without the KV cache "
+          f"{rates['nocache']:,.0f} tokens/s ({ours / rates['nocache']:.1f}x less than with it)")
     walls = sampling_whole_process(nano, work, next(iter(mode["ours"])), cfg.device, cfg.sample_tokens)
     if walls:
         print(f"sampling {cfg.sample_tokens} tokens, whole process (median of 5): nanoGPT {walls['nanogpt']:.2f} s, "

@@ -300,4 +300,4 @@ def test_dropout_hands_back_its_input_itself_when_idle_and_drops_only_in_trainin
     assert Dropout(0.5).eval()(x) is x and Dropout(0.0).train()(x) is x
     dropped = Dropout(0.5).train()(x)
     kept = dropped != 0
-    assert 400 < (~kept).sum() < 600 and torch.equal(dropped[kept], torch.full_like(x, 2.0)[kept])  # kept ones: x / (1 - p)
+    assert 400 < (~kept).sum() < 600 and torch.equal(dropped[kept], torch.full_like(x, 2.0)[kept])  # x / (1 - p)
