@@ -69,14 +69,56 @@ def test_sampled_tokens_are_identical_with_and_without_the_cache_for_a_fixed_see
 def test_decoding_runs_without_onednn_except_bf16_on_many_positions_and_leaves_the_setting_as_it_was(monkeypatch,
                                                                                                    bf16):
     model = tiny_gpt().float()
-    seen = []  # (positions fed, oneDNN on) per forward call
-    forward = model.forward
-    monkeypatch.setattr(model, "forward", lambda idx, **kw: seen.append((idx.size(1), torch.backends.mkldnn.enabled))
-                        or forward(idx, **kw))
+    seen = []  # (positions fed, oneDNN on) per step, through model.forward or the unrolled step
+    advance = KVCache.advance
+    monkeypatch.setattr(KVCache, "advance", lambda cache, valid, T: seen.append((T, torch.backends.mkldnn.enabled))
+                        or advance(cache, valid, T))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         between = [torch.backends.mkldnn.enabled for _ in model.stream(torch.randint(13, (1, 5)), 6)]
     assert seen == [(5, bf16)] + [(1, False)] * 5  # bf16 on a prompt: oneDNN's matmuls are the faster
     assert between == [True] * 6 and torch.backends.mkldnn.enabled  # the caller's setting, between steps and after
+
+
+@pytest.mark.parametrize("overrides", [{}, {"pos": "sinusoidal"}, {"pos": "none"}, {"bias": False, "gelu": "tanh"},
+                                       {"pos": "rope"}, {"pos": "rope", "window": 6}, {"window": 6},
+                                       {"vocab_size": 16, "real_vocab_size": 13}])
+def test_the_unrolled_step_gives_the_logits_of_model_forward_to_the_bit(overrides):
+    model = tiny_gpt(**overrides).float()
+    step = generate.unrolled_step(model)
+    assert step is not None
+    steps = 3 * BLOCK if model.config.pos == "rope" else BLOCK - 4  # rope's cache slides past block_size
+    idx = torch.randint(13, (2, 4 + steps))
+    caches = [KVCache(model.config.n_layer, model.config.window or BLOCK) for _ in range(2)]
+    with torch.inference_mode():
+        for cache in caches:
+            model(idx[:, :4], cache=cache)
+        for t in range(4, idx.size(1)):
+            ours = step(idx[:, t : t + 1], caches[0])
+            theirs, _ = model(idx[:, t : t + 1], cache=caches[1], last_only=True)
+            assert ours.shape == (2, 1, 13) and torch.equal(ours, theirs), f"position {t}"
+    assert all(torch.equal(a, b) for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v))
+
+
+@pytest.mark.parametrize("overrides", [{"mixer": "head"}, {"mixer": "average"}, {"feedforward": False},
+                                       {"residual": False}, {"layernorm": False}, {"score": "additive"},
+                                       {"fused_attention": False}])
+def test_the_unrolled_step_leaves_every_lower_rung_to_model_forward(overrides):
+    assert generate.unrolled_step(tiny_gpt(**overrides)) is None
+
+
+def test_the_unrolled_step_leaves_training_hooks_kept_weights_and_replaced_modules_to_model_forward():
+    model = tiny_gpt()
+    assert generate.unrolled_step(model) is not None
+    assert generate.unrolled_step(model.train()) is None
+    model.eval()
+    handle = model.blocks[1].ffwd.register_forward_hook(lambda module, args, out: out * 2)
+    assert generate.unrolled_step(model) is None
+    handle.remove()
+    model.blocks[0].mixer.keep_weights = True
+    assert generate.unrolled_step(model) is None
+    model.blocks[0].mixer.keep_weights = False
+    model.blocks[0].ffwd.c_fc = type("Adapted", (torch.nn.Linear,), {})(16, 64)
+    assert generate.unrolled_step(model) is None
 
 
 def test_a_prompt_longer_than_block_size_is_cut_to_its_last_block_size_tokens():
