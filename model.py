@@ -171,7 +171,7 @@ def fused_attention(q, k, v, mask=None, dropout_p=0.0):
     T, S = q.size(-2), k.size(-2)
     if mask is None and S != T and T > 1:  # is_causal describes only the square case: a mask
         mask = causal_mask(T, S, q.device)  # one query (the newest) sees every key: none needed
-    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # q, k or v may be bf16 (rope's are fp32)
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # q, k, v bf16, or fp32 from a caller
         with torch.autocast("cpu", enabled=False):
             return fused_attention(q.float(), k.float(), v.float(), mask, dropout_p)
     return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal=mask is None and S == T)

@@ -49,6 +49,8 @@ def rope_tables(pos, rates):
 def rotate(x, rope):
     """x (..., T, hs) with each pair (x1, x2) = (channel i, channel i + hs/2) turned by its
     angle: (x1 cos - x2 sin, x1 sin + x2 cos). roll swaps the halves to (x2, x1), and the
-    table's first half of sin is negated."""
-    cos, sin = rope  # each (T, hs), from rope_tables
+    table's first half of sin is negated. It turns x in x's own dtype: under bf16 autocast fp32
+    tables would promote every op to fp32 and mixed dtypes, and the CPU preset's step took ~3 ms
+    (5%) longer for it."""
+    cos, sin = (table.to(x.dtype) for table in rope)  # each (T, hs), from rope_tables
     return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), sin)  # x cos + roll(x) sin, (..., T, hs)

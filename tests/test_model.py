@@ -281,7 +281,7 @@ def test_cached_generation_of_a_left_padded_batch_equals_each_prompt_alone(rung)
     assert torch.equal(batched, model.generate(idx, 4, temperature=0, valid=valid, use_cache=False))
 
 
-@pytest.mark.parametrize("qk_dtype", [torch.bfloat16, torch.float32])  # fp32: rotated by rope's fp32 angles
+@pytest.mark.parametrize("qk_dtype", [torch.bfloat16, torch.float32])
 def test_fused_attention_runs_in_fp32_on_a_cpu_under_bf16_autocast(qk_dtype):
     """bf16 attention's backward is several times slower than fp32's on CPUs: the kernel takes fp32 there."""
     torch.manual_seed(0)

@@ -40,6 +40,13 @@ def test_rotation_keeps_the_length_of_every_query_and_key():
     torch.testing.assert_close(rotate(x, (cos, sin)).norm(dim=-1), x.norm(dim=-1))
 
 
+def test_rotation_keeps_the_dtype_of_what_it_turns_and_bf16_stays_within_bf16_rounding():
+    x = torch.randn(2, 3, 16, 8)
+    turned = rotate(x.bfloat16(), tables(16, head_size=8))  # fp32 tables would promote it to fp32
+    assert turned.dtype == torch.bfloat16
+    torch.testing.assert_close(turned.float(), rotate(x, tables(16, 8)), atol=4e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("mixer", ["head", "multihead"])
 def test_left_padding_gives_each_row_the_logits_of_its_prompt_alone(mixer):
     torch.manual_seed(0)
