@@ -12,6 +12,8 @@ each the table gives: median ms per training step, wall time of the whole proces
 its peak memory (RSS), the val loss at the same steps, and the seconds from the
 process's start to the first evaluation at or below --target (nanoGPT's val loss
 after its 2000 steps; with --target=0, the best val loss nanoGPT reached in this run).
+Every evaluation scores as many sequences as nanoGPT's (on a CPU 20 batches of 12 per
+split; 10 batches for a run of batch 24), so both sides' val losses cost and vary alike.
 Then sampling from the same model shape (4 layers, 128 wide, block 64; on CUDA the
 reference shape, 6 layers, 384 wide, block 256): tokens per second in-process (the
 same random weights' shape in both models, 500 new tokens, temperature 0.8, top-k
@@ -19,7 +21,7 @@ same random weights' shape in both models, 500 new tokens, temperature 0.8, top-
 
 With --device=cuda the runs are nanoGPT's GPU reference (config/train_shakespeare_char.py
 as it is, compiled) against our reference and fast presets, compiled, evaluating alike
-(200 batches every 250 steps); MFU is against the GPU's dense bf16 peak for both
+(as many sequences as 200 batches of 64, every 250 steps); MFU is against the GPU's dense bf16 peak for both
 (nanoGPT prints it against an A100's). Time it on an otherwise idle machine.
 """
 
@@ -40,6 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
+import train  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
 from device import machine, peak_flops  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -54,14 +57,16 @@ MODES = {  # per device: nanoGPT's arguments, ours by name, the evaluation both 
         "ours": {"classic": ["config/shakespeare_char_cpu.toml"],
                  "classic_lr1e-3": ["config/shakespeare_char_cpu.toml", "--learning_rate=1e-3"],
                  "fast": ["config/shakespeare_char_cpu_fast.toml"]},
-        "eval": ["--eval_iters=20", "--eval_interval=250", "--log_interval=1"],
+        "eval": ["--eval_interval=250", "--log_interval=1"],
+        "eval_sequences": 20 * 12,  # per split and evaluation: nanoGPT's 20 batches of 12, in batches of each run's
         "shape": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "vocab_size": 65},
     },
     "cuda": {
         "nanogpt": ["config/train_shakespeare_char.py"],  # its GPU reference, as it is: compiled, bf16
         "ours": {"reference": ["config/shakespeare_char.toml", "--compile=true"],
                  "fast": ["config/shakespeare_char_fast.toml", "--compile=true"]},
-        "eval": ["--eval_iters=200", "--eval_interval=250", "--log_interval=10"],
+        "eval": ["--eval_interval=250", "--log_interval=10"],
+        "eval_sequences": 200 * 64,
         "shape": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "vocab_size": 65},
     },
 }
@@ -135,8 +140,10 @@ def train_nanogpt(nano, run_dir, mode, steps):
 
 
 def train_ours(args, data_dir, run_dir, mode, steps):
+    batch = load_config(train.TrainConfig, args, "train.py", "").batch_size  # evaluations see what nanoGPT's see
+    eval_iters = f"--eval_iters={max(1, round(mode['eval_sequences'] / batch))}"
     command = [sys.executable, "train.py", *args, f"--data_dir={data_dir}", f"--out_dir={run_dir / 'out'}",
-               *mode["eval"], *steps, "--overwrite=true"]
+               *mode["eval"], eval_iters, *steps, "--overwrite=true"]
     wall, rss, lines = run_process(command, ROOT, run_dir / "stdout.txt")
     records = [json.loads(line) for line in open(run_dir / "out/log.jsonl")]
     step_ms = [r["ms_per_iter"] for r in records if "ms_per_iter" in r and r["iter"] >= 5]
@@ -177,8 +184,9 @@ def print_training(results, target):
     shown = [s for s in steps if s % 1000 == 0 or s == steps[-1]] if steps[-1] > 2000 else \
         [s for s in steps if s % 500 == 0 or s == steps[-1]]
     nano_wall = statistics.median(r["wall"] for r in results["nanogpt"]) if "nanogpt" in results else None
-    print(f"\n| run | median ms/iter | MFU | wall s | peak MiB | best val | best val in nanoGPT's {nano_wall or 0:.0f} s "
-          f"| {' | '.join(f'val@{s}' for s in shown)} | s to {target:.4f} |")
+    vals = " | ".join(f"val@{s}" for s in shown)
+    print(f"\n| run | median ms/iter | MFU | wall s | peak MiB | best val "
+          f"| best val in nanoGPT's {nano_wall or 0:.0f} s | {vals} | s to {target:.4f} |")
     print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(shown) + "---:|")
     for name, runs in results.items():
         for run in runs:
