@@ -25,7 +25,10 @@ as it is, compiled) against our reference and fast presets, compiled, evaluating
 (nanoGPT prints it against an A100's). Time it on an otherwise idle machine.
 """
 
+import contextlib
+import functools
 import importlib.util
+import io
 import json
 import os
 import re
@@ -37,6 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +48,10 @@ sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
 import train  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
-from device import machine, peak_flops  # noqa: E402
+from dataset import get_batch  # noqa: E402
+from device import machine, peak_flops, pick_dtype  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from optim import configure_optimizer  # noqa: E402
 
 # nanoGPT's CPU configuration, as its README gives it.
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
@@ -87,6 +93,8 @@ class BenchConfig:
     training: bool = option(True, "train (false: sampling only, whole-process from the runs already in --work)")
     work: str = option("out/bench_nanogpt", "where nanoGPT's copy, the data and the runs go")
     iters: int = option(0, "steps of every run, for a quick check (0: each run's own, nanoGPT's 2000)")
+    step_rounds: int = option(300, "on a CPU, rounds of one training step each, nanoGPT's and each of ours in the "
+                              "same shape taking turns in one process (0: none)")
 
 
 def run_process(command, cwd, log_path):
@@ -269,6 +277,51 @@ def sampling_whole_process(nano, work, ours_run, device, new_tokens, repeats=5):
     return {name: statistics.median(w) for name, w in walls.items()}
 
 
+def steps_taking_turns(nano, mode, runs, rounds):
+    """{name: median ms} of one training step of nanoGPT's CPU run and of each of ours (name: args), the
+    steps taking turns one at a time in one process. This machine changes speed every few seconds, so
+    minutes-long runs each see their own mix of speeds; two steps back to back see the same one. Both
+    draw the same random tokens with dataset.get_batch (speed does not depend on what they are)."""
+    nanogpt = load_nanogpt_model(nano)
+    shape = mode["shape"]
+    data = np.random.default_rng(0).integers(0, shape["vocab_size"], 1_000_000).astype(np.uint16)
+    rng = np.random.default_rng(0)
+    nano_args = dict(arg[2:].split("=", 1) for arg in mode["nanogpt"] if arg.startswith("--"))
+    torch.manual_seed(0)
+    theirs = nanogpt.GPT(nanogpt.GPTConfig(**shape, bias=False, dropout=0.0))
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter groups
+        their_opt = theirs.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+
+    def their_step():  # nanoGPT's loop on a CPU: fp32 (its autocast is for CUDA), grad clip 1.0
+        x, y = get_batch(data, int(nano_args["batch_size"]), shape["block_size"], rng, "cpu")
+        _, loss = theirs(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+        their_opt.step()
+        their_opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    steps = {"nanogpt": their_step}
+    for name, args in runs.items():
+        cfg = load_config(train.TrainConfig, args, "train.py", "")
+        model = GPT(train.model_config(cfg, shape["vocab_size"]))
+        dtype = pick_dtype(cfg.dtype, "cpu", training=True)
+        autocast = torch.autocast("cpu", dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
+        step = functools.partial(train.train_step, model, configure_optimizer(model, cfg, "cpu"),
+                                 torch.amp.GradScaler("cpu", enabled=False),
+                                 lambda cfg=cfg: get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu"),
+                                 *get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu"), 1, autocast, cfg)
+        steps[name] = lambda step=step: step()  # train.py's own step (it returns the next batch, unused here)
+    times = {name: [] for name in steps}
+    for round_ in range(rounds + 5):  # the first 5 warm up
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            if round_ >= 5:
+                times[name].append((time.perf_counter() - t0) * 1000)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 @cli
 def main(argv):
     cfg = load_config(BenchConfig, argv, "bench/nanogpt.py", __doc__.strip().splitlines()[0])
@@ -281,6 +334,14 @@ def main(argv):
     print(f"machine: {machine()}")
     if cfg.training:
         print_training(training(cfg, mode, work, nano, data_dir), cfg.target)
+    if cfg.step_rounds and cfg.device == "cpu":
+        runs = {name: args.split() if args else mode["ours"][name]
+                for name, _, args in (spec.partition("=") for spec in cfg.runs or mode["ours"])
+                if name != "nanogpt" and (args or name in mode["ours"])}
+        ms = steps_taking_turns(nano, mode, runs, cfg.step_rounds)
+        base = ms.pop("nanogpt")
+        print(f"\ntraining steps taking turns one at a time in one process (median of {cfg.step_rounds}): nanoGPT "
+              f"{base:.1f} ms" + "".join(f", {name} {t:.1f} ms ({t / base:.2f}x)" for name, t in ms.items()))
     if not cfg.sampling:
         return 0
     rates = sampling_in_process(nano, mode["shape"], cfg.device, cfg.sample_tokens)
