@@ -14,6 +14,9 @@ process's start to the first evaluation at or below --target (nanoGPT's val loss
 after its 2000 steps; with --target=0, the best val loss nanoGPT reached in this run).
 Every evaluation scores as many sequences as nanoGPT's (on a CPU 20 batches of 12 per
 split; 10 batches for a run of batch 24), so both sides' val losses cost and vary alike.
+On a CPU the training steps are then timed again in one process, nanoGPT's and each of
+ours taking turns one step at a time (--step_rounds): a machine whose speed changes
+every few seconds gives whole runs different mixes of speeds, and back-to-back steps one.
 Then sampling from the same model shape (4 layers, 128 wide, block 64; on CUDA the
 reference shape, 6 layers, 384 wide, block 256): tokens per second in-process (the
 same random weights' shape in both models, 500 new tokens, temperature 0.8, top-k
