@@ -245,7 +245,8 @@ class MultiHeadAttention(nn.Module):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hs)
         if rope is not None:  # queries and keys turned together; cached keys keep their rotation
-            (q, k), v = rotate(qkv[:2], rope).unbind(0), qkv[2]  # each (B, H, T, hs)
+            qk, v = qkv.split((2, 1))  # one piece each, where qkv[:2] and qkv[2] zero-fill a gradient each
+            (q, k), v = rotate(qk, rope).unbind(0), v.squeeze(0)  # each (B, H, T, hs)
         else:
             q, k, v = qkv.unbind(0)  # three views, one call
         if cache is not None:
