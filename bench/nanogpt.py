@@ -65,7 +65,8 @@ MODES = {  # per device: nanoGPT's arguments, ours by name, the evaluation both 
         "nanogpt": NANOGPT_CPU,
         "ours": {"classic": ["config/shakespeare_char_cpu.toml"],
                  "classic_lr1e-3": ["config/shakespeare_char_cpu.toml", "--learning_rate=1e-3"],
-                 "fast": ["config/shakespeare_char_cpu_fast.toml"]},
+                 "fast": ["config/shakespeare_char_cpu_fast.toml"],
+                 "sprint": ["config/shakespeare_char_cpu_sprint.toml"]},
         "eval": ["--eval_interval=250", "--log_interval=1"],
         "eval_sequences": 20 * 12,  # per split and evaluation: nanoGPT's 20 batches of 12, in batches of each run's
         "shape": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "vocab_size": 65},
@@ -88,7 +89,7 @@ class BenchConfig:
     input: str = option("../shared/data/tinyshakespeare/input.txt", "Tiny Shakespeare")
     device: str = option("cpu", "cpu: nanoGPT's CPU configuration; cuda: its GPU reference run", choices=tuple(MODES))
     runs: list[str] = option([], "which training runs: nanogpt, or one of ours by name (cpu: classic, classic_lr1e-3, "
-                             "fast; cuda: reference, fast), or NAME=PRESET --key=value ... (none: all of them)")
+                             "fast, sprint; cuda: reference, fast), or NAME=PRESET --key=value ... (none: all of them)")
     repeats: int = option(1, "how many times each run is made, in turn")
     target: float = option(1.886, "the val loss whose time to reach is reported (0: nanoGPT's best in this run)")
     sample_tokens: int = option(500, "new tokens per sample")
