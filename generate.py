@@ -191,10 +191,9 @@ def unrolled_step(model):
     if model.training or not full_gpt or not untouched or any(b.mixer.keep_weights for b in model.blocks):
         return None  # keep_weights: a caller wants attention weights, which only forward() keeps
     H, C, eps = c.n_head, c.n_embd, model.ln_f.eps
-    gelu = "tanh" if c.gelu == "tanh" else "none"
     layers = [(b.ln_1.weight, b.ln_1.bias, b.mixer.c_attn.weight, b.mixer.c_attn.bias, b.mixer.c_proj.weight,
                b.mixer.c_proj.bias, b.ln_2.weight, b.ln_2.bias, b.ffwd.c_fc.weight, b.ffwd.c_fc.bias,
-               b.ffwd.c_proj.weight, b.ffwd.c_proj.bias) for b in model.blocks]
+               b.ffwd.c_proj.weight, b.ffwd.c_proj.bias, b.ffwd.approximate) for b in model.blocks]
     table = model.wpe.weight if c.pos == "learned" else model.pos_table if c.pos == "sinusoidal" else None
 
     def step(token, cache):
@@ -205,7 +204,7 @@ def unrolled_step(model):
         if table is not None:
             x = x + table[pos]
         rope = rope_tables(torch.arange(pos, pos + 1, device=x.device), model.rope_rates) if c.pos == "rope" else None
-        for ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b in layers:
+        for ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b, gelu in layers:
             h = F.layer_norm(x, (C,), ln1_w, ln1_b, eps)
             qkv = F.linear(h, attn_w, attn_b).view(B, 1, 3, H, C // H).permute(2, 0, 3, 1, 4)  # (3, B, H, 1, hs)
             if rope is not None:

@@ -311,11 +311,11 @@ def steps_taking_turns(nano, mode, runs, rounds):
         model = GPT(train.model_config(cfg, shape["vocab_size"]))
         dtype = pick_dtype(cfg.dtype, "cpu", training=True)
         autocast = torch.autocast("cpu", dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
-        step = functools.partial(train.train_step, model, configure_optimizer(model, cfg, "cpu"),
-                                 torch.amp.GradScaler("cpu", enabled=False),
-                                 lambda cfg=cfg: get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu"),
-                                 *get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu"), 1, autocast, cfg)
-        steps[name] = lambda step=step: step()  # train.py's own step (it returns the next batch, unused here)
+        # train.py's own step; the next batch it returns goes unused, each call drawing its own
+        steps[name] = functools.partial(train.train_step, model, configure_optimizer(model, cfg, "cpu"),
+                                        torch.amp.GradScaler("cpu", enabled=False),
+                                        lambda cfg=cfg: get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu"),
+                                        *get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu"), 1, autocast, cfg)
     times = {name: [] for name in steps}
     for round_ in range(rounds + 5):  # the first 5 warm up
         for name, step in steps.items():
