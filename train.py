@@ -31,7 +31,7 @@ import budget
 from checkpoint import CHECKPOINT_FORMAT, check_resumable, load_checkpoint, resumed_config, save_checkpoint
 from config import UserError, cli, load_config, option
 from dataset import check_block_size, estimate_loss, get_batch, load_data
-from device import check_device, check_model_fits, maybe_compile, peak_flops, pick_device, pick_dtype
+from device import check_device, check_model_fits, keep_freed_memory, maybe_compile, peak_flops, pick_device, pick_dtype
 from files import version
 from model import GPT, MIXERS, POSITIONS, GPTConfig, padded_vocab_size
 from optim import configure_optimizer
@@ -208,6 +208,8 @@ def main(argv):
     ddp = "RANK" in os.environ  # started by torchrun, with one process or more
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
     device = check_device(pick_device(cfg.device))
+    if device == "cpu":
+        keep_freed_memory()  # each step reuses the last one's memory: no page faults
     if ddp:
         local_rank = int(os.environ["LOCAL_RANK"])
         if device.startswith("cuda"):

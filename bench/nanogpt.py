@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 import train  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
 from dataset import get_batch  # noqa: E402
-from device import machine, peak_flops, pick_dtype  # noqa: E402
+from device import keep_freed_memory, machine, peak_flops, pick_dtype  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from optim import configure_optimizer  # noqa: E402
 
@@ -285,7 +285,10 @@ def steps_taking_turns(nano, mode, runs, rounds):
     """{name: median ms} of one training step of nanoGPT's CPU run and of each of ours (name: args), the
     steps taking turns one at a time in one process. This machine changes speed every few seconds, so
     minutes-long runs each see their own mix of speeds; two steps back to back see the same one. Both
-    draw the same random tokens with dataset.get_batch (speed does not depend on what they are)."""
+    draw the same random tokens with dataset.get_batch (speed does not depend on what they are). Both
+    use the allocator as train.py sets it on a CPU (keep_freed_memory), nanoGPT's step too: the ratio is
+    the arithmetic's, and the whole runs above show what the allocator adds."""
+    keep_freed_memory()
     nanogpt = load_nanogpt_model(nano)
     shape = mode["shape"]
     data = np.random.default_rng(0).integers(0, shape["vocab_size"], 1_000_000).astype(np.uint16)

@@ -4,7 +4,10 @@ and not far above it, and check_model_fits measures only the models that might n
 
 import dataclasses
 import itertools
+import platform
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +117,32 @@ def test_a_model_whose_measurement_does_not_fit_is_refused_with_what_it_needs(mo
     monkeypatch.setattr(device, "memory_size", lambda name: (measured - 1, "this test's memory"))
     with pytest.raises(UserError, match=r"needs at least .* and this test's memory is"):
         check_model_fits(mconf, 8, 16, "cpu", torch.float32)
+
+
+FREED = """
+import ctypes, sys
+import torch
+from device import keep_freed_memory
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+x = torch.ones(8 << 20, dtype=torch.uint8)  # 8 MiB, as one step's activation might be
+mapped = libc.mallinfo2().hblkhd  # bytes in blocks of their own (mmap), given back to the system when freed
+del x
+print(kept, mapped, libc.mallinfo2().fordblks)  # fordblks: free bytes kept in the heap for reuse
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="keep_freed_memory tunes glibc's malloc")
+def test_keep_freed_memory_keeps_a_freed_tensor_in_the_heap_for_the_next_step():
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", FREED, mode], cwd=ROOT, capture_output=True, text=True, check=True)
+        return out.stdout.split()
+    kept, mapped, free = run("keep")
+    assert kept == "True"
+    assert int(mapped) < 8 << 20 and int(free) >= 8 << 20  # from the heap, and still there after the free
+    _, mapped, free = run("default")  # glibc's default: a block of its own, unmapped when freed
+    assert int(mapped) >= 8 << 20 and int(free) < 8 << 20
