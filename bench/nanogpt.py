@@ -14,6 +14,8 @@ process's start to the first evaluation at or below --target (nanoGPT's val loss
 after its 2000 steps; with --target=0, the best val loss nanoGPT reached in this run).
 Every evaluation scores as many sequences as nanoGPT's (on a CPU 20 batches of 12 per
 split; 10 batches for a run of batch 24), so both sides' val losses cost and vary alike.
+On a CPU each run's last checkpoint is then scored over the whole val split, the same
+tokens for both sides: an evaluation's 240 random sequences move its figure by ~0.01.
 On a CPU the training steps are then timed again in one process, nanoGPT's and each of
 ours taking turns one step at a time (--step_rounds): a machine whose speed changes
 every few seconds gives whole runs different mixes of speeds, and back-to-back steps one.
@@ -51,7 +53,7 @@ sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
 import train  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
-from dataset import get_batch  # noqa: E402
+from dataset import get_batch, mean_loss  # noqa: E402
 from device import keep_freed_memory, machine, peak_flops, pick_dtype  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from optim import configure_optimizer  # noqa: E402
@@ -165,6 +167,29 @@ def train_ours(args, data_dir, run_dir, mode, steps):
     return {"wall": wall, "rss": rss, "step_ms": step_ms, "evals": evals, "mfu": mfu}
 
 
+@torch.no_grad()
+def whole_val(run_dir, nano, data_dir):
+    """(step, loss) of a run's last checkpoint over every token of the val split, in fp32
+    (dataset.mean_loss, windows of 64 as both sides train on). Each evaluation's 240 random
+    sequences vary by about 0.01 from draw to draw; this is the same 111,540 tokens for both
+    sides (nanoGPT's val.bin and ours hold the same ids, checked). nanoGPT keeps the checkpoint
+    of its best evaluation, ours the last step."""
+    ckpt = torch.load(run_dir / "out/ckpt.pt", map_location="cpu", weights_only=True)
+    if "model_args" in ckpt:  # nanoGPT's
+        nanogpt = load_nanogpt_model(nano)
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints its size
+            model = nanogpt.GPT(nanogpt.GPTConfig(**ckpt["model_args"]))
+        model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+        step, ids = ckpt["iter_num"], np.fromfile(nano / "data/shakespeare_char/val.bin", dtype=np.uint16)
+    else:
+        model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
+        model.load_state_dict(ckpt["model"])
+        step, ids = ckpt["iter"], np.fromfile(data_dir / "val.bin", dtype=np.uint16)
+    if not np.array_equal(ids, np.fromfile(data_dir / "val.bin", dtype=np.uint16)):
+        raise UserError(f"nanoGPT's val.bin in {nano} and ours in {data_dir} differ: delete {nano} to prepare again")
+    return step, mean_loss(model.eval(), ids, 64, 96, "cpu")
+
+
 def device_peak():
     """The GPU's dense bf16 peak (device.PEAK_FLOPS), or None on a CPU."""
     return peak_flops("cuda") if torch.cuda.is_available() else None
@@ -185,6 +210,8 @@ def training(cfg, mode, work, nano, data_dir):
                 result = train_ours(args.split() if args else mode["ours"][name], data_dir, run_dir, mode, steps)
             else:
                 raise UserError(f"unknown run {name!r}: nanogpt, {', '.join(mode['ours'])}, or NAME=PRESET --key=value")
+            if cfg.device == "cpu":
+                result["whole_val"] = whole_val(run_dir, nano, data_dir)
             results.setdefault(name, []).append(result)
     return results
 
@@ -198,8 +225,8 @@ def print_training(results, target):
     nano_wall = statistics.median(r["wall"] for r in results["nanogpt"]) if "nanogpt" in results else None
     vals = " | ".join(f"val@{s}" for s in shown)
     print(f"\n| run | median ms/iter | MFU | wall s | peak MiB | best val "
-          f"| best val in nanoGPT's {nano_wall or 0:.0f} s | {vals} | s to {target:.4f} |")
-    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(shown) + "---:|")
+          f"| best val in nanoGPT's {nano_wall or 0:.0f} s | {vals} | s to {target:.4f} | whole val split (step) |")
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(shown) + "---:|---:|")
     for name, runs in results.items():
         for run in runs:
             val = {it: v for it, v, _ in run["evals"]}
@@ -209,7 +236,8 @@ def print_training(results, target):
             cells = [f"{statistics.median(run['step_ms']):.1f}", mfu, f"{run['wall']:.1f}", f"{run['rss']:.0f}",
                      f"{min(val.values()):.4f}", f"{min(in_time):.4f}" if in_time else "-",
                      *(f"{val[s]:.4f}" if s in val else "-" for s in shown),
-                     "-" if reached is None else f"{reached:.1f}"]
+                     "-" if reached is None else f"{reached:.1f}",
+                     f"{run['whole_val'][1]:.4f} ({run['whole_val'][0]})" if "whole_val" in run else "-"]
             print(f"| {name} | " + " | ".join(cells) + " |")
     if "nanogpt" in results:
         base = statistics.median(statistics.median(r["step_ms"]) for r in results["nanogpt"])
