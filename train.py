@@ -374,7 +374,8 @@ def run(cfg, sources, device, rank, world, lock):
                 break
 
             t0 = time.perf_counter()
-            torch.manual_seed(step_seed(cfg.seed, rank, it))  # this step's dropout masks
+            if cfg.dropout > 0:  # this step's dropout masks, the step's only use of torch's generator
+                torch.manual_seed(step_seed(cfg.seed, rank, it))  # (~140 us: skipped where nothing draws)
             loss_value, x, y = train_step(model, optimizer, scaler, next_batch, x, y, cfg.grad_accum, autocast, cfg)
             step_ms.append((time.perf_counter() - t0) * 1000)
             it += 1
