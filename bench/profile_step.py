@@ -3,12 +3,14 @@
     python bench/profile_step.py config/shakespeare_char_cpu.toml
     python bench/profile_step.py config/shakespeare_char_cpu_fast.toml --steps=30 --rows=30
 
-Builds the preset's model and optimizer as train.py does, runs a few warm-up steps,
+Builds the preset's model and optimizer as train.py does, with its dtype (bf16 autocast
+where --dtype=auto picks it) and its allocator setting, runs a few warm-up steps,
 then profiles --steps more and prints the operators that took the most time (self
 CPU time: the operator's own work, not the operators it calls), and the step's
 time split into forward, backward and optimizer.
 """
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import train  # noqa: E402
 from config import cli  # noqa: E402
 from dataset import get_batch  # noqa: E402
+from device import keep_freed_memory, pick_dtype  # noqa: E402
 from model import GPT  # noqa: E402
 from optim import configure_optimizer  # noqa: E402
 
@@ -38,6 +41,9 @@ def main(argv):
             rest.append(arg)
     cfg = train.load_config(train.TrainConfig, rest, "bench/profile_step.py", __doc__.strip().splitlines()[0])
     vocab_size = 65
+    keep_freed_memory()
+    dtype = pick_dtype(cfg.dtype, "cpu", training=True)
+    autocast = torch.autocast("cpu", dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     torch.manual_seed(cfg.seed)
     model = GPT(train.model_config(cfg, vocab_size))
     optimizer = configure_optimizer(model, cfg, "cpu")
@@ -46,7 +52,7 @@ def main(argv):
 
     def step():
         x, y = get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu")
-        with record_function("forward"):
+        with record_function("forward"), autocast:
             _, loss = model(x, y)
         with record_function("backward"):
             loss.backward()
@@ -66,7 +72,8 @@ def main(argv):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
-    print(f"{' '.join(rest)}: {plain_ms:.1f} ms a step unprofiled, {torch.get_num_threads()} threads")
+    print(f"{' '.join(rest)}: {plain_ms:.1f} ms a step unprofiled, {str(dtype).removeprefix('torch.')}, "
+          f"{torch.get_num_threads()} threads")
     events = {e.key: e for e in prof.key_averages()}
     for phase in ("forward", "backward", "optimizer"):
         if phase in events:
