@@ -170,24 +170,29 @@ def train_ours(args, data_dir, run_dir, mode, steps):
 @torch.no_grad()
 def whole_val(run_dir, nano, data_dir):
     """(step, loss) of a run's last checkpoint over every token of the val split, in fp32
-    (dataset.mean_loss, windows of 64 as both sides train on). Each evaluation's 240 random
+    (dataset.mean_loss, in windows of the block size the run trained on). Each evaluation's 240 random
     sequences vary by about 0.01 from draw to draw; this is the same 111,540 tokens for both
     sides (nanoGPT's val.bin and ours hold the same ids, checked). nanoGPT keeps the checkpoint
-    of its best evaluation, ours the last step."""
-    ckpt = torch.load(run_dir / "out/ckpt.pt", map_location="cpu", weights_only=True)
+    of its best evaluation past step 0, ours the last step. None where there is none."""
+    path = run_dir / "out/ckpt.pt"
+    if not path.is_file():  # nanoGPT saves none before its first evaluation past step 0
+        return None
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if "model_args" in ckpt:  # nanoGPT's
         nanogpt = load_nanogpt_model(nano)
         with contextlib.redirect_stdout(io.StringIO()):  # it prints its size
             model = nanogpt.GPT(nanogpt.GPTConfig(**ckpt["model_args"]))
         model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
-        step, ids = ckpt["iter_num"], np.fromfile(nano / "data/shakespeare_char/val.bin", dtype=np.uint16)
+        step, block = ckpt["iter_num"], ckpt["model_args"]["block_size"]
+        ids = np.fromfile(nano / "data/shakespeare_char/val.bin", dtype=np.uint16)
     else:
         model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
         model.load_state_dict(ckpt["model"])
-        step, ids = ckpt["iter"], np.fromfile(data_dir / "val.bin", dtype=np.uint16)
+        step, block = ckpt["iter"], ckpt["model_config"]["block_size"]
+        ids = np.fromfile(data_dir / "val.bin", dtype=np.uint16)
     if not np.array_equal(ids, np.fromfile(data_dir / "val.bin", dtype=np.uint16)):
         raise UserError(f"nanoGPT's val.bin in {nano} and ours in {data_dir} differ: delete {nano} to prepare again")
-    return step, mean_loss(model.eval(), ids, 64, 96, "cpu")
+    return step, mean_loss(model.eval(), ids, block, 96, "cpu")
 
 
 def device_peak():
@@ -237,7 +242,7 @@ def print_training(results, target):
                      f"{min(val.values()):.4f}", f"{min(in_time):.4f}" if in_time else "-",
                      *(f"{val[s]:.4f}" if s in val else "-" for s in shown),
                      "-" if reached is None else f"{reached:.1f}",
-                     f"{run['whole_val'][1]:.4f} ({run['whole_val'][0]})" if "whole_val" in run else "-"]
+                     f"{run['whole_val'][1]:.4f} ({run['whole_val'][0]})" if run.get("whole_val") else "-"]
             print(f"| {name} | " + " | ".join(cells) + " |")
     if "nanogpt" in results:
         base = statistics.median(statistics.median(r["step_ms"]) for r in results["nanogpt"])
@@ -323,8 +328,8 @@ def steps_taking_turns(nano, mode, runs, rounds):
     rng = np.random.default_rng(0)
     nano_args = dict(arg[2:].split("=", 1) for arg in mode["nanogpt"] if arg.startswith("--"))
     torch.manual_seed(0)
-    theirs = nanogpt.GPT(nanogpt.GPTConfig(**shape, bias=False, dropout=0.0))
-    with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter groups
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its size and its parameter groups
+        theirs = nanogpt.GPT(nanogpt.GPTConfig(**shape, bias=False, dropout=0.0))
         their_opt = theirs.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
 
     def their_step():  # nanoGPT's loop on a CPU: fp32 (its autocast is for CUDA), grad clip 1.0
