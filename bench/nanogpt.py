@@ -178,20 +178,20 @@ def whole_val(run_dir, nano, data_dir):
     if not path.is_file():  # nanoGPT saves none before its first evaluation past step 0
         return None
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    ids = np.fromfile(data_dir / "val.bin", dtype=np.uint16)
     if "model_args" in ckpt:  # nanoGPT's
+        if not np.array_equal(ids, np.fromfile(nano / "data/shakespeare_char/val.bin", dtype=np.uint16)):
+            raise UserError(f"nanoGPT's val.bin in {nano} and ours in {data_dir} differ: delete {nano} to "
+                            "prepare again")
         nanogpt = load_nanogpt_model(nano)
         with contextlib.redirect_stdout(io.StringIO()):  # it prints its size
             model = nanogpt.GPT(nanogpt.GPTConfig(**ckpt["model_args"]))
         model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
         step, block = ckpt["iter_num"], ckpt["model_args"]["block_size"]
-        ids = np.fromfile(nano / "data/shakespeare_char/val.bin", dtype=np.uint16)
     else:
         model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
         model.load_state_dict(ckpt["model"])
         step, block = ckpt["iter"], ckpt["model_config"]["block_size"]
-        ids = np.fromfile(data_dir / "val.bin", dtype=np.uint16)
-    if not np.array_equal(ids, np.fromfile(data_dir / "val.bin", dtype=np.uint16)):
-        raise UserError(f"nanoGPT's val.bin in {nano} and ours in {data_dir} differ: delete {nano} to prepare again")
     return step, mean_loss(model.eval(), ids, block, 96, "cpu")
 
 
