@@ -23,8 +23,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import generate  # the KV cache and the decoding loop, kept apart from the lesson
-from positions import rope_rates, rope_tables, rotate, sinusoidal_positions  # the encodings past a learned table
+from tinygpt import decoding as generate  # the KV cache and the decoding loop, kept apart from the lesson
+from tinygpt.positions import (  # the encodings past a learned table
+    rope_rates,
+    rope_tables,
+    rotate,
+    sinusoidal_positions,
+)
 
 MIXERS = ("none", "average", "head", "multihead")
 SCORES = ("dot", "additive")  # how a query scores a key: q·k/sqrt(hs), or wᵀ tanh(q + k)

@@ -16,7 +16,7 @@ Inputs stream through in chunks, so memory stays bounded whatever their size:
 char reads them twice (first to find the characters), BPE encodes on every core.
 """
 
-import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
+import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import codecs
 import hashlib
 import itertools
@@ -34,9 +34,9 @@ import numpy as np
 from tqdm import tqdm
 
 from config import UserError, cli, load_config, option
-from dataset import META_FORMAT, open_split, read_meta  # noqa: F401 (read through prepare by older code)
-from files import staging_dir, swap_in, write_atomic, write_error
-from tokenizer import CharTokenizer, TiktokenTokenizer, cpu_count, cut_point, tokenizer_from_meta  # noqa: F401
+from tinygpt.dataset import META_FORMAT, open_split, read_meta  # noqa: F401 (read through prepare by older code)
+from tinygpt.files import staging_dir, swap_in, write_atomic, write_error
+from tinygpt.tokenizer import CharTokenizer, TiktokenTokenizer, cpu_count, cut_point, tokenizer_from_meta  # noqa: F401
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"

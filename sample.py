@@ -11,7 +11,7 @@ The checkpoint holds all that is needed: the weights, the model's shape and the
 tokenizer. Samples go to stdout, separated by a line of dashes; warnings go to stderr.
 """
 
-import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
+import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import contextlib
 import os
 import sys
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
-import gpt2
-from checkpoint import checkpoint_path, load_checkpoint
 from config import UserError, cli, load_config, option
-from device import check_device, pick_device, pick_dtype
 from model import GPT, GPTConfig
 from prepare import tokenizer_from_meta
-from terminal import stdout_lost
-from textstream import TextStream, unescape
+from tinygpt import gpt2
+from tinygpt.checkpoint import checkpoint_path, load_checkpoint
+from tinygpt.device import check_device, pick_device, pick_dtype
+from tinygpt.terminal import stdout_lost
+from tinygpt.textstream import TextStream, unescape
 
 SEPARATOR = "-" * 40
 

@@ -9,7 +9,7 @@ Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt
 (the lowest val loss so far) and OUT_DIR/log.jsonl (one line per logged step).
 """
 
-import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
+from tinygpt import terminal  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import contextlib
 import dataclasses
 import functools
@@ -27,16 +27,24 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-import budget
-from checkpoint import CHECKPOINT_FORMAT, check_resumable, load_checkpoint, resumed_config, save_checkpoint
 from config import UserError, cli, load_config, option
-from dataset import check_block_size, estimate_loss, get_batch, load_data
-from device import check_device, check_model_fits, keep_freed_memory, maybe_compile, peak_flops, pick_device, pick_dtype
-from files import version
 from model import GPT, MIXERS, POSITIONS, GPTConfig, padded_vocab_size
-from optim import configure_optimizer
-from outdir import RunLock, append_record, run_out_dir, start_log
-from weights import finetune_settings, load_into, load_source
+from tinygpt import budget
+from tinygpt.checkpoint import CHECKPOINT_FORMAT, check_resumable, load_checkpoint, resumed_config, save_checkpoint
+from tinygpt.dataset import check_block_size, estimate_loss, get_batch, load_data
+from tinygpt.device import (
+    check_device,
+    check_model_fits,
+    keep_freed_memory,
+    maybe_compile,
+    peak_flops,
+    pick_device,
+    pick_dtype,
+)
+from tinygpt.files import version
+from tinygpt.optim import configure_optimizer
+from tinygpt.outdir import RunLock, append_record, run_out_dir, start_log
+from tinygpt.weights import finetune_settings, load_into, load_source
 
 
 @dataclass

@@ -36,8 +36,8 @@ from recipes import summarize  # noqa: E402
 from recipes import train as run_train  # noqa: E402
 
 import prepare  # noqa: E402
-from checkpoint import load_checkpoint  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
+from tinygpt.checkpoint import load_checkpoint  # noqa: E402
 
 LICENSES = "/usr/share/common-licenses"
 

@@ -53,10 +53,10 @@ sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
 import train  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
-from dataset import get_batch, mean_loss  # noqa: E402
-from device import keep_freed_memory, machine, peak_flops, pick_dtype  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from optim import configure_optimizer  # noqa: E402
+from tinygpt.dataset import get_batch, mean_loss  # noqa: E402
+from tinygpt.device import keep_freed_memory, machine, peak_flops, pick_dtype  # noqa: E402
+from tinygpt.optim import configure_optimizer  # noqa: E402
 
 # nanoGPT's CPU configuration, as its README gives it.
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",

@@ -32,11 +32,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
-import budget  # noqa: E402
-from checkpoint import load_checkpoint  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
-from dataset import load_data, mean_loss  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from tinygpt import budget  # noqa: E402
+from tinygpt.checkpoint import load_checkpoint  # noqa: E402
+from tinygpt.dataset import load_data, mean_loss  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared/data/tinyshakespeare/input.txt"
 RUST_DOCS = Path.home() / ".rustup/toolchains/stable-x86_64-unknown-linux-gnu/share/doc/rust/html"

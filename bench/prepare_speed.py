@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 import prepare
 from config import UserError, cli, load_config, option
-from tokenizer import cpu_count
+from tinygpt.tokenizer import cpu_count
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt"
 LOCAL = "bench_local_bpe"

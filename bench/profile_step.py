@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 import train  # noqa: E402
 from config import cli  # noqa: E402
-from dataset import get_batch  # noqa: E402
-from device import keep_freed_memory, pick_dtype  # noqa: E402
 from model import GPT  # noqa: E402
-from optim import configure_optimizer  # noqa: E402
+from tinygpt.dataset import get_batch  # noqa: E402
+from tinygpt.device import keep_freed_memory, pick_dtype  # noqa: E402
+from tinygpt.optim import configure_optimizer  # noqa: E402
 
 
 @cli

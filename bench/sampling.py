@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
 from config import UserError, cli, load_config, option
-from generate import KVCache, stream
 from model import GPT, GPTConfig
+from tinygpt.decoding import KVCache, stream
 
 
 @dataclass

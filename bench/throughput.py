@@ -20,12 +20,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
-import budget
 import train
 from config import UserError, cli
-from device import pick_device
 from model import GPT
 from prepare import read_meta
+from tinygpt import budget
+from tinygpt.device import pick_device
 
 
 def matmul_peak_flops(n=1024, repeats=20):

@@ -17,7 +17,7 @@ import tomllib
 import types
 import typing
 
-import terminal
+from tinygpt import terminal
 
 BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 

@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
-import dataset  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
-from tokenizer import tokenizer_from_meta  # noqa: E402
+from tinygpt import dataset  # noqa: E402
+from tinygpt.tokenizer import tokenizer_from_meta  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 TINY = str(ROOT / "config" / "tiny.toml")

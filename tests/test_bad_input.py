@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
 import prepare
 import sample
 import train
+from tinygpt import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")

@@ -18,7 +18,7 @@ import torch
 import prepare
 import train
 from model import GPT, GPTConfig, padded_vocab_size
-from tokenizer import TiktokenTokenizer, cut_point
+from tinygpt.tokenizer import TiktokenTokenizer, cut_point
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared/data/tinyshakespeare/input.txt"

@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import budget
-import checkpoint
 import sample
 import train
 from config import UserError
+from tinygpt import budget, checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")

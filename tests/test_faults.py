@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
 import prepare
 import sample
 import train
+from tinygpt import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")

@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-import gpt2
 import prepare
 import sample
-import score
 import train
-from tokenizer import TiktokenTokenizer
+from tinygpt import gpt2, score
+from tinygpt.tokenizer import TiktokenTokenizer
 
 transformers = pytest.importorskip("transformers", reason="the reference GPT-2: pip install -r requirements-dev.txt")
 

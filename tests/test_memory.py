@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import device
-import gpt2
 from config import UserError, load_config
-from device import check_model_fits, memory_bound, training_memory
 from model import MIXERS, POSITIONS, SCORES, GPTConfig
+from tinygpt import device, gpt2
+from tinygpt.device import check_model_fits, memory_bound, training_memory
 from train import TrainConfig, model_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +121,7 @@ def test_a_model_whose_measurement_does_not_fit_is_refused_with_what_it_needs(mo
 FREED = """
 import ctypes, sys
 import torch
-from device import keep_freed_memory
+from tinygpt.device import keep_freed_memory
 class Info(ctypes.Structure):  # glibc's struct mallinfo2
     _fields_ = [(name, ctypes.c_size_t) for name in
                 "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import GPT, POSITIONS, CausalAverage, Dropout, GPTConfig, additive_scores, attention_mask, fused_attention
-from optim import split_for_muon
+from tinygpt.optim import split_for_muon
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=4, n_embd=32)
 

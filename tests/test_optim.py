@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import train
-from optim import Float32Muon, Optimizers, orthogonalize
+from tinygpt.optim import Float32Muon, Optimizers, orthogonalize
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")

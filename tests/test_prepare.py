@@ -215,7 +215,7 @@ def test_default_out_dir_is_named_after_the_input(tmp_path, monkeypatch):
 
 def test_tiny_shakespeare_under_any_name_goes_where_the_presets_look(tmp_path, monkeypatch):
     # Stands in for Tiny Shakespeare: the test must not need the 1 MB file.
-    data = "To be, or not to be\n".encode() * 50
+    data = b"To be, or not to be\n" * 50
     monkeypatch.setattr(prepare, "SHAKESPEARE_BYTES", len(data))
     monkeypatch.setattr(prepare, "SHAKESPEARE_SHA256", hashlib.sha256(data).hexdigest())
     monkeypatch.chdir(tmp_path)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from generate import KVCache
 from model import GPT, GPTConfig
-from positions import rope_frequencies, rope_rates, rope_tables, rotate
+from tinygpt.decoding import KVCache
+from tinygpt.positions import rope_frequencies, rope_rates, rope_tables, rotate
 
 
 def tables(n, head_size):

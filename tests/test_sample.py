@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import generate
 import prepare
 import sample
 import train
-from generate import KVCache, sample_next
 from model import GPT, GPTConfig
-from textstream import TextStream, unescape
+from tinygpt import decoding as generate
+from tinygpt.decoding import KVCache, sample_next
+from tinygpt.textstream import TextStream, unescape
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import prepare
-import score
 import train
 from model import GPT, GPTConfig
+from tinygpt import score
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")

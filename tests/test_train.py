@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import device
 import train
+from tinygpt import device
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")

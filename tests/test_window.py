@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import sample
-from generate import KVCache
 from model import GPT, GPTConfig
+from tinygpt.decoding import KVCache
 
 BLOCK = 16
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from config import UserError
-from dataset import get_batch
+from tinygpt.dataset import get_batch
 
 DEFAULT_BUDGET = "5m"  # with no preset and no --max_iters: a few minutes of a laptop's time
 _IMPORTED = time.time()

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from config import UserError
-from files import write_atomic, write_error
+from tinygpt.files import write_atomic, write_error
 
 CHECKPOINT_FORMAT = 1
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from positions import rope_tables, rotate
+from tinygpt.positions import rope_tables, rotate
 
 
 class KVCache:

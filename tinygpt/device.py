@@ -15,7 +15,7 @@ import torch
 
 from config import UserError
 from model import GPT
-from tokenizer import cpu_count
+from tinygpt.tokenizer import cpu_count
 
 # Dense bf16 tensor-core peaks, for MFU. A device not listed gets no MFU figure.
 PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}

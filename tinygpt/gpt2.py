@@ -20,7 +20,7 @@ import torch
 
 from config import UserError
 from model import GPT, GPTConfig, padded_vocab_size
-from tokenizer import load_encoding
+from tinygpt.tokenizer import load_encoding
 
 SIZES = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1.5B"}  # parameters
 HUB_OWNER = "openai-community"  # the hub's home of OpenAI's checkpoints

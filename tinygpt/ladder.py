@@ -11,7 +11,7 @@ OUT/ladder.json. Run the same command again and a finished rung is skipped, one
 stopped part way (Ctrl-C) resumes; --force trains them again.
 """
 
-import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
+import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import contextlib
 import dataclasses
 import json
@@ -29,13 +29,13 @@ from pathlib import Path
 import torch
 
 import train
-from checkpoint import load_checkpoint
 from config import BOOL_WORDS, UserError, cli, help_text, load_config, option
-from device import check_device, machine, pick_device, pick_dtype
-from files import write_atomic, write_error
 from model import GPT, GPTConfig
+from tinygpt.checkpoint import load_checkpoint
+from tinygpt.device import check_device, machine, pick_device, pick_dtype
+from tinygpt.files import write_atomic, write_error
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 PRESETS = ROOT / "config" / "ladder"
 
 # Each budget's settings on top of the presets. The CPU budget is the presets as
@@ -194,7 +194,7 @@ def train_rung(args, out_dir, resuming):
 
 
 # The child process: python -c CHILD ROOT TRAIN.PY-ARGS; train_child runs in it.
-CHILD = "import sys; sys.path.insert(0, sys.argv[1]); import ladder; sys.exit(ladder.train_child(sys.argv[2:]))"
+CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from tinygpt import ladder; sys.exit(ladder.train_child(sys.argv[2:]))"
 
 
 def train_child(args):

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from config import UserError
-from files import append_line, write_atomic, write_error
+from tinygpt.files import append_line, write_atomic, write_error
 
 LEFT_BY_A_KILL = ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp", "wall_time.json.tmp")
 

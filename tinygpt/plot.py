@@ -14,7 +14,7 @@ attention  for a prompt, the attention weights of every layer (rows) and head
 Needs matplotlib (pip install matplotlib); it writes files and never opens a window.
 """
 
-import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
+import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import json
 import sys
 from dataclasses import dataclass
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import checkpoint_path
 from config import UserError, cli, help_text, load_config, option
-from files import write_atomic, write_error
 from model import CausalAverage, MultiHeadAttention, causal_mask
 from sample import load_model
+from tinygpt.checkpoint import checkpoint_path
+from tinygpt.files import write_atomic, write_error
 
 SHORT = 48  # prompts up to this many tokens get their characters as tick labels
 SHOWN = {"\n": "↵", " ": "␣", "\t": "⇥"}  # characters that would be invisible as labels

@@ -13,7 +13,7 @@ The first token has no context and is not scored; bits per character count the
 characters of the tokens scored.
 """
 
-import terminal  # first: Ctrl-C while torch loads (seconds) is one line, not a traceback  # isort: skip
+import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import contextlib
 import math
 import sys
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from config import UserError, cli, load_config, option
-from dataset import mean_loss
-from device import check_device, pick_device, pick_dtype
 from sample import drop_unknown, load, read_text  # models and texts are read as sample.py reads them
+from tinygpt.dataset import mean_loss
+from tinygpt.device import check_device, pick_device, pick_dtype
 
 
 @dataclass

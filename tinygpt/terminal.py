@@ -2,7 +2,7 @@
 
 Importing this module first (every script does) makes Ctrl-C while torch loads (it
 takes seconds) end the script with one line, not a traceback through the import
-machinery; only a script run from this directory is affected, and only until its
+machinery; only a script of this repository (or python -m tinygpt.X) is affected, and only until its
 main() starts: there config.cli puts Python's own handler back (`restore`) and turns
 KeyboardInterrupt into the same line. A test or program that imports a script keeps
 its own Ctrl-C.
@@ -23,7 +23,6 @@ import os
 import signal
 import sys
 
-
 # --- Ctrl-C and other signals -------------------------------------------------------------
 
 
@@ -41,7 +40,8 @@ def restore():
 
 
 _script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
-if os.path.dirname(os.path.abspath(_script)) == os.path.dirname(os.path.abspath(__file__)):
+_package = os.path.dirname(os.path.abspath(__file__))
+if os.path.dirname(os.path.abspath(_script)) in (_package, os.path.dirname(_package)):  # a script, or python -m tinygpt.X
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with Ctrl-C ignored
         signal.signal(signal.SIGINT, interrupted)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-import gpt2
-from checkpoint import load_checkpoint
 from config import UserError
 from model import GPTConfig
+from tinygpt import gpt2
+from tinygpt.checkpoint import load_checkpoint
 
 # What a fine-tuned run sets itself, whatever the weights were trained with.
 RUN_KEYS = {"vocab_size", "real_vocab_size", "block_size", "dropout", "fused_attention"}
