@@ -5,30 +5,26 @@ r"""Generates text from a checkpoint written by train.py, printing it as it come
     python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0
     python sample.py --out_dir=out --prompts=prompts.txt    # one prompt a line, one batch
     python sample.py --out_dir=out --start="ROMEO:" --stop="\n\n"   # each sample ends at a blank line
-    python sample.py --init_from=gpt2-xl --start="The meaning of life is"   # GPT-2 (see gpt2.py)
+    python sample.py --init_from=gpt2-xl --start="The meaning of life is"   # GPT-2 (see tinygpt/gpt2.py)
 
 The checkpoint holds all that is needed: the weights, the model's shape and the
 tokenizer. Samples go to stdout, separated by a line of dashes; warnings go to stderr.
 """
 
 import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
-import contextlib
 import os
 import sys
-import unicodedata
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from config import UserError, cli, load_config, option
-from model import GPT, GPTConfig
-from prepare import tokenizer_from_meta
-from tinygpt import gpt2
-from tinygpt.checkpoint import checkpoint_path, load_checkpoint
-from tinygpt.device import check_device, pick_device, pick_dtype
+from tinygpt import decoding
+from tinygpt.device import autocast, check_device, pick_device, pick_dtype
+from tinygpt.prompts import encode_prompts, read_prompts
 from tinygpt.terminal import stdout_lost
 from tinygpt.textstream import TextStream, unescape
+from tinygpt.weights import load_model
 
 SEPARATOR = "-" * 40
 
@@ -68,133 +64,17 @@ def check_config(cfg):
         raise UserError("--stop is empty; give the text that ends a sample, e.g. --stop='\\n\\n'")
 
 
-# --- The model and the prompts -------------------------------------------------------
-
-
-def load_model(path, device):
-    """The model, in eval mode on device, and the tokenizer, both from one checkpoint."""
-    ckpt = load_checkpoint(path, "cpu")  # to the CPU first: only the weights need to go to the device
-    if "meta" not in ckpt:
-        raise UserError(f"{path} holds no tokenizer (meta); it was not written by this train.py")
-    try:
-        model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
-        model.load_state_dict(ckpt["model"])
-    except (TypeError, ValueError, RuntimeError) as e:
-        first_line = str(e).strip().splitlines()[0][:200]
-        raise UserError(f"{path} does not fit this version of model.py ({first_line}); "
-                        "sample with the code that trained it, or retrain") from None
-    return model.to(device).eval(), tokenizer_from_meta(ckpt["meta"])
-
-
-def load(cfg, device):
-    """The model and tokenizer that cfg names: GPT-2 with --init_from, else the checkpoint in out_dir."""
-    if cfg.init_from == "resume":
-        return load_model(checkpoint_path(cfg.out_dir, cfg.checkpoint), device)
-    if not gpt2.is_gpt2(cfg.init_from):
-        raise UserError(f"init_from must be resume (a checkpoint in --out_dir), {', '.join(gpt2.SIZES)} or a "
-                        f"directory in the Hugging Face layout; got {cfg.init_from!r}")
-    config, state, meta = gpt2.load(cfg.init_from)
-    return gpt2.build(config, state).to(device), tokenizer_from_meta(meta)
-
-
-def read_text(path, option_name):
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{option_name}: file {path} not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{option_name}: {path} is a directory; pass a text file") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{option_name}: file {path} is not UTF-8 text") from None
-
-
-def read_prompts(cfg):
-    """[(text, source, first_line)]: each prompt and where it came from, for messages."""
-    if cfg.prompts:
-        lines = read_text(cfg.prompts, "--prompts").splitlines()
-        prompts = [(line, cfg.prompts, n) for n, line in enumerate(lines, 1) if line.strip()]
-        if not prompts:
-            raise UserError(f"--prompts: file {cfg.prompts} has no prompts; write one a line")
-        return prompts
-    if cfg.start.startswith("FILE:"):
-        path = cfg.start.removeprefix("FILE:")
-        return [(read_text(path, "--start"), path, 1)]
-    return [(cfg.start, "--start", 1)]
-
-
-def where(text, i, source, first_line):
-    """Where character i of a prompt is, counted from 1 as editors count."""
-    column = i - text.rfind("\n", 0, i)
-    if source == "--start" and "\n" not in text:
-        return f"--start column {column}"
-    return f"{source} line {first_line + text.count(chr(10), 0, i)} column {column}"
-
-
-def normalized(text, tokenizer):
-    """text, or its composed (NFC) or decomposed (NFD) Unicode form if the tokenizer knows
-    more of that one's characters: an accent typed as a separate mark (as macOS may
-    write it) or not is the same letter to the reader, but not to a char tokenizer."""
-    forms = {form: unicodedata.normalize(form, text) for form in ("NFC", "NFD")}
-    form = min(forms, key=lambda f: len(tokenizer.unknown(forms[f])))
-    if len(tokenizer.unknown(forms[form])) >= len(tokenizer.unknown(text)):
-        return text
-    print(f"note: the prompt is read in Unicode form {form}, whose characters the model knows", file=sys.stderr)
-    return forms[form]
-
-
-def drop_unknown(prompts, tokenizer, on_unknown, what="the prompt"):
-    """The text of each prompt. Characters the tokenizer lacks are an error, all of
-    them named in one message, or with on_unknown="skip" dropped with a warning."""
-    prompts = [(normalized(text, tokenizer), source, first_line) for text, source, first_line in prompts]
-    found = {}  # character -> where it first appears
-    for text, source, first_line in prompts:
-        for ch in tokenizer.unknown(text):
-            found.setdefault(ch, where(text, text.index(ch), source, first_line))
-    if found:
-        listed = ", ".join(f"{ch!r} ({place})" for ch, place in list(found.items())[:10])
-        more = f" and {len(found) - 10} more" if len(found) > 10 else ""
-        message = f"{len(found)} character(s) the model never saw: {listed}{more}"
-        if any(unicodedata.combining(ch) for ch in found):
-            message += " (accents typed as separate marks; the model knows no other Unicode form of them either)"
-        if on_unknown == "error":
-            raise UserError(f"{what} has {message}; remove them, or pass --unknown=skip to drop them")
-        print(f"warning: dropped {message}", file=sys.stderr)
-    return ["".join(ch for ch in text if ch not in found) for text, _, _ in prompts]
-
-
-def encode_prompts(prompts, tokenizer, on_unknown):
-    """Token ids of each prompt (see drop_unknown); an empty one starts from a newline."""
-    start = tokenizer.encode("\n") if not tokenizer.unknown("\n") else [0]  # where nanoGPT starts
-    return [tokenizer.encode(text) if text else start for text in drop_unknown(prompts, tokenizer, on_unknown)]
-
-
-def left_pad(rows, device):
-    """Ids (B, T) with the shorter rows padded on the left, and valid (B, T) marking
-    the real tokens, or None when no row is padded."""
-    T = max(len(ids) for ids in rows)
-    idx = torch.zeros(len(rows), T, dtype=torch.long)
-    valid = torch.zeros(len(rows), T, dtype=torch.bool)
-    for r, ids in enumerate(rows):
-        idx[r, T - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        valid[r, T - len(ids) :] = True
-    return idx.to(device), (None if valid.all() else valid.to(device))
-
-
-# --- Decoding, one token at a time --------------------------------------------------------
-
-
 def write(text):
     print(text, end="", flush=True)  # flushed, so each token shows as soon as it exists
     if stdout_lost():  # the reader went away (| head): no one to generate for
         raise BrokenPipeError
 
 
-def generate(model, rows, cfg, tokenizer, top_k, generator):
-    """Continues every prompt in rows in one batch. A single prompt is printed token by
-    token; a batch is printed when it is done, one sample after another. Each row ends
-    at its first stop sequence, and generation when every row has ended."""
-    device = next(model.parameters()).device
-    idx, valid = left_pad(rows, device)
+def print_samples(model, rows, cfg, tokenizer, top_k, generator):
+    """Continues every prompt in rows (token ids) in one batch. A single prompt is printed token
+    by token; a batch when it is done, one sample after another. Each row ends at its first stop
+    sequence, and generation when every row has ended."""
+    idx, valid = decoding.left_pad(rows, next(model.parameters()).device)
     streams = [TextStream(tokenizer, [unescape(stop) for stop in cfg.stop]) for _ in rows]
     texts = [""] * len(rows)
     live = len(rows) == 1
@@ -206,8 +86,8 @@ def generate(model, rows, cfg, tokenizer, top_k, generator):
 
     for r, ids in enumerate(rows):
         add(r, tokenizer.decode(ids))  # the prompt, as the tokenizer reads it
-    tokens = model.stream(idx, cfg.max_new_tokens, cfg.temperature, top_k, cfg.top_p,
-                          valid=valid, use_cache=cfg.kv_cache, generator=generator)
+    tokens = decoding.stream(model, idx, cfg.max_new_tokens, cfg.temperature, top_k, cfg.top_p, valid=valid,
+                             use_cache=cfg.kv_cache, generator=generator)
     for token in tokens:  # (B, 1)
         for r, t in enumerate(token[:, 0].tolist()):
             add(r, streams[r].push([t]))
@@ -226,19 +106,16 @@ def main(argv):
     check_config(cfg)
     device = check_device(pick_device(cfg.device))
     device_type = torch.device(device).type
-    dtype = pick_dtype(cfg.dtype, device_type)
-    prompts = read_prompts(cfg)
-    model, tokenizer = load(cfg, device)
+    prompts = read_prompts(cfg.start, cfg.prompts)
+    model, tokenizer = load_model(cfg.init_from, cfg.out_dir, cfg.checkpoint, device)
     rows = encode_prompts(prompts, tokenizer, cfg.unknown)
     n_vocab = model.config.real_vocab_size or model.config.vocab_size
     top_k = None if cfg.top_k is None else min(cfg.top_k, n_vocab)  # more than the vocabulary is all of it
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
-                else contextlib.nullcontext())
     try:
-        with autocast:
+        with autocast(device_type, pick_dtype(cfg.dtype, device_type)):
             for _ in range(cfg.num_samples):
-                generate(model, rows, cfg, tokenizer, top_k, generator)
+                print_samples(model, rows, cfg, tokenizer, top_k, generator)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

@@ -1,12 +1,14 @@
 """Trains a GPT on data written by prepare.py.
 
+    python train.py --data_dir=data/notes_char               # no preset: sized for the text and 5 minutes
     python train.py config/shakespeare_char_cpu.toml
     python train.py config/shakespeare_char.toml --compile=true --max_iters=2000
-    python train.py config/finetune_shakespeare_gpt2.toml    # fine-tuning: --init_from (weights.py)
+    python train.py config/finetune_shakespeare_gpt2.toml   # fine-tuning: --init_from (tinygpt/weights.py)
     torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_char.toml
 
-Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt
-(the lowest val loss so far) and OUT_DIR/log.jsonl (one line per logged step).
+Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt (the
+lowest val loss so far) and OUT_DIR/log.jsonl (one line per logged step). Read it
+from main(): the settings, the run set up, then the loop.
 """
 
 from tinygpt import terminal  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
@@ -14,36 +16,27 @@ import contextlib
 import dataclasses
 import functools
 import math
-import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from config import UserError, cli, load_config, option
-from model import GPT, MIXERS, POSITIONS, GPTConfig, padded_vocab_size
+from model import GPT, MIXERS, POSITIONS
 from tinygpt import budget
-from tinygpt.checkpoint import CHECKPOINT_FORMAT, check_resumable, load_checkpoint, resumed_config, save_checkpoint
-from tinygpt.dataset import check_block_size, estimate_loss, get_batch, load_data
-from tinygpt.device import (
-    check_device,
-    check_model_fits,
-    keep_freed_memory,
-    maybe_compile,
-    peak_flops,
-    pick_device,
-    pick_dtype,
-)
+from tinygpt.checkpoint import read_start, restore_run, run_state, save_checkpoint
+from tinygpt.dataset import estimate_loss, get_batch, load_data
+from tinygpt.device import autocast, maybe_compile, peak_flops, pick_dtype
+from tinygpt.distributed import Processes, end_processes, start_processes
 from tinygpt.files import version
 from tinygpt.optim import configure_optimizer
-from tinygpt.outdir import RunLock, append_record, run_out_dir, start_log
+from tinygpt.outdir import RunLock, append_record, start_log
+from tinygpt.settings import check_resumable, check_settings, has_preset, model_config, resumed_config, run_out_dir
 from tinygpt.weights import finetune_settings, load_into, load_source
 
 
@@ -109,29 +102,184 @@ class TrainConfig:
     seed: int = option(1337, "random seed", low=0, high=2**63 - 1)
 
 
-# --- Setup -----------------------------------------------------------------------------
-
-
-def model_config(cfg, vocab_size):
-    """The model for cfg; its embedding is padded past the tokenizer's vocab_size for speed."""
-    names = {f.name for f in dataclasses.fields(GPTConfig)} - {"vocab_size", "real_vocab_size"}
+@cli
+def main(argv):
+    sources = {}  # where each setting came from: a preset's path or "command line"; absent: free to choose
+    cfg = load_config(TrainConfig, argv, "train.py", __doc__.strip().splitlines()[0], sources=sources)
+    cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
+    procs = start_processes(cfg.device)  # this process, alone or one of torchrun's, on its device
+    lock, status = RunLock(cfg.out_dir), None  # out_dir's lock, taken once every check has passed
     try:
-        return GPTConfig(vocab_size=padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
-                         **{n: getattr(cfg, n) for n in names})
-    except ValueError as e:
-        raise UserError(f"model config: {e}") from None
+        run = set_up(cfg, sources, procs, lock)
+        status = train(run)
+        return status
+    finally:
+        lock.release()
+        end_processes(finished=status == 0)
 
 
-def check_settings(cfg, device, data=None):
-    """Every check that needs nothing from out_dir, done before anything is built or written:
-    the dtype, the data (meta.json and the bins, read here unless given), the model's config
-    and its size."""
-    dtype = pick_dtype(cfg.dtype, torch.device(device).type, training=True)
-    meta, splits = data or load_data(cfg.data_dir)
-    check_block_size(splits, cfg.block_size, cfg.data_dir)
-    mconf = model_config(cfg, meta["vocab_size"])
-    check_model_fits(mconf, cfg.batch_size, cfg.block_size, device, dtype)
-    return dtype, meta, splits, mconf
+# --- Setting up ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """Everything the loop reads and changes."""
+
+    cfg: TrainConfig  # the settings as decided; a time budget's re-planning changes the steps
+    procs: Processes  # this process among the others, and its device
+    meta: dict  # the tokenizer, as in meta.json
+    splits: dict  # the train and val tokens
+    raw_model: GPT  # the weights, plain: what a checkpoint saves
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # fp16's loss scaling; idle in every other dtype
+    model: torch.nn.Module = None  # what a step runs: raw_model, compiled and under DDP where asked
+    eval_model: torch.nn.Module = None  # compiled if model is, never under DDP: only rank 0 evaluates
+    time_budget: budget.Budget | None = None  # fits the steps again as the run goes
+    it: int = 0  # steps taken
+    best_val: float = math.inf
+    bad_evals: int = 0  # evaluations in a row without a new best
+    evaluated: int | None = None  # the step whose evaluation is done
+    step_ms: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.model = self.eval_model = self.raw_model
+        dtype = getattr(torch, self.cfg.dtype)
+        self.autocast = autocast(self.procs.device_type, dtype)
+        # The evaluations run in fp32 on a CPU: exact, and the figure python -m tinygpt.score gives.
+        self.eval_autocast = autocast(self.procs.device_type, torch.float32 if self.procs.device == "cpu" else dtype)
+
+
+def set_up(cfg, sources, procs, lock):
+    """The run at its first step: its settings decided and checked, its model built (from the weights
+    to fine-tune, or restored from ckpt.pt), out_dir locked, and with a time budget its steps fitted."""
+    data = load_data(cfg.data_dir)
+    if procs.master:
+        lock.check_free()  # another run into out_dir is named now, not taken for a finished one
+    seen = version(Path(cfg.out_dir) / "ckpt.pt")
+    source = load_source(cfg.init_from, cfg.out_dir) if cfg.init_from not in ("scratch", "resume") else None
+    ckpt = read_start(cfg, procs.device)
+    cfg, time_budget = decide(cfg, sources, ckpt, source, data, procs)
+    run = build(cfg, data, procs, source)
+    del source  # the copy is in the model: GPT-2's weights need not stay twice in memory
+    if procs.master:
+        lock.acquire()  # out_dir is this run's from here on; nothing in it was touched before
+        if version(Path(cfg.out_dir) / "ckpt.pt") != seen:  # another run wrote it while this one started
+            ckpt = read_start(cfg, procs.device)
+            if ckpt is not None:
+                check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
+        start_log(cfg.out_dir, ckpt["iter"] if ckpt else 0)
+    if ckpt is not None:
+        restore_run(run, ckpt)
+        procs.say(f"resuming {Path(cfg.out_dir) / 'ckpt.pt'} at iteration {run.it}")
+    del ckpt
+    if cfg.compile:
+        run.model = run.eval_model = maybe_compile(run.raw_model, procs.device_type)
+    run.model = procs.wrap(run.model)  # under DDP when started by torchrun
+    if time_budget is not None:
+        step_s, eval_s = probe(run)
+        elapsed = procs.agree_on((budget.process_age(),))[0]
+        run.cfg, run.time_budget = time_budget.fit(run.cfg, step_s, eval_s, elapsed, procs.say), time_budget
+    c, sequences = run.cfg, run.cfg.batch_size * run.cfg.grad_accum * procs.world
+    procs.say(f"{run.raw_model.num_params():,} parameters; {tokens_per_step(run):,} tokens per step: batch "
+              f"{c.batch_size} x grad_accum {c.grad_accum} x {procs.world} process(es) = {sequences} sequences of "
+              f"{c.block_size}; on {procs.device}, {c.dtype}" + (f", DDP over {procs.backend}" if procs.backend else ""))
+    return run
+
+
+def decide(cfg, sources, ckpt, source, data, procs):
+    """(cfg as the run will train, its time budget or None). A resumed run keeps the settings it started
+    with; fine-tuning takes the model's shape from its weights; with no preset the model and batch are
+    sized for the data and the budget. The dtype is picked here (auto on a CPU: measured) and kept."""
+    meta, splits = data
+    if ckpt is not None:
+        cfg = resumed_config(ckpt["train_config"], cfg, sources)
+    dtype = pick_dtype(cfg.dtype, procs.device_type, training=True)
+    cfg = dataclasses.replace(cfg, dtype=str(dtype).removeprefix("torch."))
+    time_budget = budget.Budget.of(cfg, sources) if ckpt is None else None
+    if ckpt is None and source is not None:
+        cfg = finetune_settings(source, cfg, meta)
+    elif ckpt is None and not has_preset(sources):
+        seconds = time_budget.seconds if time_budget else budget.parse_duration(budget.DEFAULT_BUDGET)
+        measure = functools.partial(probe_settings, data=data, procs=procs)
+        cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
+                                              meta["vocab_size"], seconds, measure, procs.say)
+        if time_budget is not None:
+            time_budget.max_steps = max_steps
+    check_settings(cfg, procs.device, data)
+    if ckpt is not None:
+        check_resumable(ckpt, model_config(cfg, meta["vocab_size"]), meta, cfg)
+    return cfg, time_budget
+
+
+def build(cfg, data, procs, source=None):
+    """A new Run of cfg on procs.device: its model (seeded; holding source's weights to fine-tune
+    them), the optimizer and the gradient scaler."""
+    meta, splits = data
+    torch.manual_seed(cfg.seed)
+    model = GPT(model_config(cfg, meta["vocab_size"]))
+    if source is not None:
+        procs.say(load_into(model, source, meta))
+    model = model.to(procs.device)
+    optimizer = configure_optimizer(model, cfg, procs.device_type)
+    scaler = torch.amp.GradScaler(procs.device_type, enabled=cfg.dtype == "float16")
+    return Run(cfg, procs, meta, splits, model, optimizer, scaler)
+
+
+def probe(run):
+    """(seconds per training step, seconds per evaluation with its checkpoints) of run, timed on a few
+    real steps (budget.time_steps), rank 0's on every process."""
+    step = functools.partial(train_step, accum=run.cfg.grad_accum, autocast=run.autocast, cfg=run.cfg)
+    return run.procs.agree_on(budget.time_steps(run, step))
+
+
+def probe_settings(cfg, data, procs):
+    """probe() of a model built for cfg, then dropped: how fast a model the sizing considers trains."""
+    return probe(build(cfg, data, procs))
+
+
+def tokens_per_step(run):
+    return run.cfg.batch_size * run.cfg.grad_accum * run.procs.world * run.cfg.block_size  # both per process
+
+
+# --- The loop ------------------------------------------------------------------------------------
+
+
+def train(run):
+    """The loop, in its natural order: the learning rate; an evaluation and checkpoint when due; forward
+    and backward over the micro-batches; clip; step; log. Returns the exit code."""
+    batches = train_batches(run)
+    x, y = next(batches)
+    times = budget.LoopTimes(run.it)  # the loop's own step and evaluation times, for the budget
+    stop_early = bool(run.cfg.patience and run.bad_evals >= run.cfg.patience)  # a resumed run that had stopped
+    bar = tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None, dynamic_ncols=True)
+    with terminal.StopRequested() as stop, bar:
+        while True:
+            eval_due = (run.it % run.cfg.eval_interval == 0 or run.it == run.cfg.max_iters) and run.it != run.evaluated
+            if eval_due and run.time_budget is not None:  # the steps fitted again, from the loop's own times
+                run.cfg = run.time_budget.replan(run.cfg, run.it, times, run.procs.agree_on, bar.write)
+                bar.total = run.cfg.max_iters
+            lr = get_lr(run.it, run.cfg)
+            for group in run.optimizer.param_groups:
+                group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at muon_lr's scale
+            if eval_due:
+                with times.evaluation():
+                    if run.procs.master:
+                        evaluate(run, lr, bar.write)
+                    stop_early = run.procs.agree(run.cfg.patience and run.bad_evals >= run.cfg.patience)
+            if run.it >= run.cfg.max_iters or stop_early:
+                break
+            t0 = time.perf_counter()
+            if run.cfg.dropout > 0:  # this step's dropout masks, the step's only use of torch's generator
+                torch.manual_seed(step_seed(run.cfg.seed, run.procs.rank, run.it))  # (~140 us: only if drawn)
+            loss, x, y = train_step(run.model, run.optimizer, run.scaler, functools.partial(next, batches), x, y,
+                                    run.cfg.grad_accum, run.autocast, run.cfg)
+            run.step_ms.append((time.perf_counter() - t0) * 1000)
+            run.it += 1
+            log_step(run, loss, lr, bar)
+            if stop.signum is not None:
+                return save_and_stop(run, stop.signum, bar)
+    finish(run)
+    return 0
 
 
 def get_lr(it, cfg):
@@ -145,56 +293,30 @@ def get_lr(it, cfg):
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def step_seed(seed, rank, it):
-    """The seed of step `it` on process `rank`, for its batches and dropout masks. Derived afresh
-    each step, so a resumed run, on any number of processes, draws what an uninterrupted one would."""
-    return int(np.random.SeedSequence((seed, rank, it)).generate_state(1)[0])
-
-
-# --- The run ---------------------------------------------------------------------------------
-
-
-def read_start(cfg, device):
-    """The checkpoint to resume from; None for a new run, which must not replace one unless told to."""
-    path = Path(cfg.out_dir) / "ckpt.pt"
-    if cfg.init_from != "resume" and path.exists() and not cfg.overwrite:
-        raise UserError(f"{path} exists; continue it with --init_from=resume, "
-                        "start over with --overwrite=true, or pick another --out_dir")
-    return load_checkpoint(path, device) if cfg.init_from == "resume" else None
-
-
-def time_steps(cfg, meta, splits, device, dtype, autocasts, world, model=None, optimizer=None, scaler=None):
-    """(seconds per training step, seconds per evaluation with its checkpoints) for cfg here, from
-    a few real steps (budget.time_steps). Without a model, one is built for cfg and dropped."""
-    if model is None:
-        model = GPT(model_config(cfg, meta["vocab_size"])).to(device)
-        optimizer = configure_optimizer(model, cfg, device.split(":")[0])
-        scaler = torch.amp.GradScaler(enabled=dtype == torch.float16)
-    step = functools.partial(train_step, accum=cfg.grad_accum, autocast=autocasts[0], cfg=cfg)
-    return agree_on(budget.time_steps(cfg, splits, device, autocasts[1], world, model, optimizer, scaler, step),
-                    device, world)
-
-
-def agree(flag, device, world):
-    """Rank 0's flag on every process: its evaluations decide for all."""
-    return bool(agree_on((float(bool(flag)),), device, world)[0])
-
-
-def agree_on(numbers, device, world):
-    """Rank 0's numbers on every process, so that all make the same plan."""
-    if world == 1:
-        return tuple(numbers)
-    t = torch.tensor(numbers, dtype=torch.float64, device=device)
-    dist.broadcast(t, src=0)
-    return tuple(t.tolist())
+def evaluate(run, lr, write):
+    """Estimates the losses and logs them; saves ckpt.pt, and best.pt when val improved."""
+    losses = estimate_loss(run.eval_model, run.splits, run.cfg, run.procs.device, run.eval_autocast,
+                           seed=run.cfg.seed + run.it)
+    record = {"iter": run.it, "train_loss": losses["train"], "val_loss": losses["val"],
+              "val_bpc": losses["val"] / math.log(2), "lr": lr}
+    append_record(run.cfg.out_dir, record)
+    improved = losses["val"] < run.best_val
+    run.best_val, run.bad_evals = min(run.best_val, losses["val"]), 0 if improved else run.bad_evals + 1
+    state = run_state(run, losses["val"])
+    save_checkpoint(state, Path(run.cfg.out_dir) / "ckpt.pt")
+    if improved:
+        save_checkpoint(state, Path(run.cfg.out_dir) / "best.pt")
+    run.evaluated = run.it
+    write(f"step {run.it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
+          f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
 
 
 def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg):
     """One optimizer step over accum micro-batches; returns the loss and the next batch."""
     for micro in range(accum):
         # Under DDP, gradients are averaged across processes only on the last micro-step.
-        sync = micro == accum - 1 or not isinstance(model, DDP)
-        with (contextlib.nullcontext() if sync else model.no_sync()), autocast:
+        last = micro == accum - 1 or not hasattr(model, "no_sync")
+        with (contextlib.nullcontext() if last else model.no_sync()), autocast:
             _, loss = model(x, y)
             loss = loss / accum
         x, y = next_batch()  # drawn while the device still works on this one
@@ -208,216 +330,62 @@ def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg)
     return loss.item() * accum, x, y  # .item() waits for the device, so step timings are honest
 
 
-@cli
-def main(argv):
-    sources = {}  # where each setting came from: a preset, the command line, or neither (free to choose)
-    cfg = load_config(TrainConfig, argv, "train.py", __doc__.strip().splitlines()[0], sources=sources)
-    cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
-    ddp = "RANK" in os.environ  # started by torchrun, with one process or more
-    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
-    device = check_device(pick_device(cfg.device))
-    if device == "cpu":
-        keep_freed_memory()  # each step reuses the last one's memory: no page faults
-    if ddp:
-        local_rank = int(os.environ["LOCAL_RANK"])
-        if device.startswith("cuda"):
-            device = f"cuda:{local_rank}"
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    lock = RunLock(cfg.out_dir)  # taken once everything is checked; held until the run ends
-    try:
-        status = run(cfg, sources, device, rank, world, lock)
-        if ddp and status == 0:  # every process at the end before any leaves: gloo can abort one whose peer is gone
-            dist.barrier()
-        return status
-    finally:
-        lock.release()
-        if ddp:
-            dist.destroy_process_group()
+def train_batches(run):
+    """This process's micro-batches, grad_accum a step, from step run.it on."""
+    it = run.it
+    while True:
+        rng = np.random.default_rng(step_seed(run.cfg.seed, run.procs.rank, it))
+        for _ in range(run.cfg.grad_accum):
+            yield get_batch(run.splits["train"], run.cfg.batch_size, run.cfg.block_size, rng, run.procs.device)
+        it += 1
 
 
-def run(cfg, sources, device, rank, world, lock):
-    master = rank == 0
-    say = print if master else (lambda *args: None)
-    device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
-    meta, splits = data = load_data(cfg.data_dir)
-    out_dir = Path(cfg.out_dir)
-    if master:
-        lock.check_free()  # another run into out_dir is named now, not taken for a finished one
-    seen = version(out_dir / "ckpt.pt")
-    fine_tune = cfg.init_from not in ("scratch", "resume")
-    source = load_source(cfg.init_from, cfg.out_dir) if fine_tune else None  # the weights to start from
-    ckpt = read_start(cfg, device)
-    if ckpt is not None:
-        cfg = resumed_config(ckpt["train_config"], cfg, sources)
-    dtype = pick_dtype(cfg.dtype, device_type, training=True)  # auto on a CPU: measured here
-    cfg = dataclasses.replace(cfg, dtype=str(dtype).removeprefix("torch."))  # and kept, for a resume
-    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
-                else contextlib.nullcontext())
-    # The training's and the evaluations'; on a CPU these run in fp32: exact, and score.py's figure.
-    autocasts = (autocast, contextlib.nullcontext() if device_type == "cpu" else autocast)
-    seconds = max_steps = None
-    if ckpt is None:  # a time budget fixes the steps (and with no preset, the model) once, here
-        preset = any(where != "command line" for where in sources.values())
-        if cfg.max_time or (not preset and "max_iters" not in sources):
-            seconds = budget.parse_duration(cfg.max_time or budget.DEFAULT_BUDGET)
-        if fine_tune:  # the weights fix the model's shape
-            cfg = finetune_settings(source, cfg, meta)
-        elif not preset:
-            measure = functools.partial(time_steps, meta=meta, splits=splits, device=device, dtype=dtype,
-                                        autocasts=autocasts, world=world)
-            cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
-                                                  meta["vocab_size"], seconds or budget.parse_duration(
-                                                      budget.DEFAULT_BUDGET), measure, say)
-    mconf = check_settings(cfg, device, data)[3]
-    if ckpt is not None:
-        check_resumable(ckpt, mconf, meta, cfg)
+def step_seed(seed, rank, it):
+    """The seed of step `it` on process `rank`, for its batches and dropout masks. Derived afresh
+    each step, so a resumed run, on any number of processes, draws what an uninterrupted one would."""
+    return int(np.random.SeedSequence((seed, rank, it)).generate_state(1)[0])
 
-    torch.manual_seed(cfg.seed)
-    model = GPT(mconf)
-    if source is not None:
-        say(load_into(model, source, meta))
-    del source  # the copy is in the model: GPT-2's weights need not stay twice in memory
-    model = model.to(device)
-    optimizer = configure_optimizer(model, cfg, device_type)
-    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == torch.float16))
-    if master:
-        lock.acquire()  # out_dir is this run's from here on; nothing in it was touched before
-        if version(out_dir / "ckpt.pt") != seen:  # another run wrote it while this one started
-            ckpt = read_start(cfg, device)
-            if ckpt is not None:
-                check_resumable(ckpt, mconf, meta, cfg)
-        start_log(out_dir, ckpt["iter"] if ckpt else 0)
-    start_iter, best_val, evaluated = 0, float("inf"), None  # evaluated: the iteration whose eval is done
-    bad_evals = 0  # evaluations in a row without a new best
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scaler.load_state_dict(ckpt["scaler"])
-        start_iter, best_val, bad_evals = ckpt["iter"], ckpt["best_val_loss"], ckpt.get("bad_evals", 0)
-        evaluated = start_iter if ckpt["val_loss"] is not None else None  # None: saved on a signal
-        if master:
-            print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter}")
-    del ckpt
 
-    raw_model = model
-    if cfg.compile:
-        model = maybe_compile(model, device_type)
-    eval_model = model  # compiled too, if it is: evaluations run at the training's speed
-    if dist.is_initialized():  # under torchrun, even with one process
-        model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
-    if seconds is not None:
-        step_s, eval_s = time_steps(cfg, meta, splits, device, dtype, autocasts, world, model, optimizer, scaler)
-        elapsed = agree_on((budget.process_age(),), device, world)[0]
-        cfg = budget.fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps, elapsed, say)
-    # batch_size and grad_accum are per process, so one step sees all of this:
-    sequences_per_iter = cfg.batch_size * cfg.grad_accum * world
-    tokens_per_iter = sequences_per_iter * cfg.block_size
-    flops = budget.train_flops_per_token(raw_model.num_params(), cfg.n_layer, cfg.n_embd, cfg.block_size)
-    peak = peak_flops(device_type)
-    if master:
-        print(f"{raw_model.num_params():,} parameters; {tokens_per_iter:,} tokens per step: batch "
-              f"{cfg.batch_size} x grad_accum {cfg.grad_accum} x {world} process(es) = {sequences_per_iter} "
-              f"sequences of {cfg.block_size}; on {device}, {str(dtype).removeprefix('torch.')}"
-              + (f", DDP over {dist.get_backend()}" if dist.is_initialized() else ""))
+def log_step(run, loss, lr, bar):
+    """A failed step ends the run; a good one moves the bar, and every log_interval steps is logged."""
+    # fp16's GradScaler skips steps whose gradients overflow; that is not a failure. A non-finite
+    # loss is: every step after it would be garbage, so nothing is saved.
+    if not math.isfinite(loss):
+        raise UserError(f"loss is {loss} at iteration {run.it}; the last good checkpoint is kept in "
+                        f"{run.cfg.out_dir}. Try a lower --learning_rate, or bfloat16 instead of float16")
+    if not run.procs.master:
+        return
+    tok_s = tokens_per_step(run) / (run.step_ms[-1] / 1000)
+    bar.update(1)
+    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+    if run.it % run.cfg.log_interval == 0:
+        record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": run.step_ms[-1], "tokens_per_s": tok_s}
+        peak = peak_flops(run.procs.device_type)
+        if peak:
+            flops = budget.train_flops_per_token(run.raw_model.num_params(), run.cfg.n_layer, run.cfg.n_embd,
+                                                 run.cfg.block_size)
+            record["mfu"] = flops * tok_s / peak
+        append_record(run.cfg.out_dir, record)
 
-    def checkpoint(it, val_loss):
-        state = {"format": CHECKPOINT_FORMAT, "model": raw_model.state_dict(),
-                 "model_config": dataclasses.asdict(mconf), "train_config": dataclasses.asdict(cfg),
-                 "meta": meta, "iter": it, "best_val_loss": best_val, "val_loss": val_loss, "bad_evals": bad_evals,
-                 "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}
-        save_checkpoint(state, out_dir / "ckpt.pt")
-        return state
 
-    def evaluate(it, lr):
-        """Estimates the losses and logs them; saves ckpt.pt, and best.pt when val improved."""
-        nonlocal best_val, bad_evals
-        losses = estimate_loss(eval_model, splits, cfg, device, autocasts[1], seed=cfg.seed + it)
-        record = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
-                  "val_bpc": losses["val"] / math.log(2), "lr": lr}
-        append_record(out_dir, record)
-        improved = losses["val"] < best_val
-        best_val, bad_evals = min(best_val, losses["val"]), 0 if improved else bad_evals + 1
-        state = checkpoint(it, losses["val"])
-        if improved:
-            save_checkpoint(state, out_dir / "best.pt")
-        bar.write(f"step {it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-                  f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
-
-    bar = tqdm(total=cfg.max_iters, initial=start_iter, disable=not master or None, dynamic_ncols=True)
-
-    def train_batches(it):
-        """This process's micro-batches, grad_accum per step, from step it on."""
-        while True:
-            rng = np.random.default_rng(step_seed(cfg.seed, rank, it))
-            for _ in range(cfg.grad_accum):
-                yield get_batch(splits["train"], cfg.batch_size, cfg.block_size, rng, device)
-            it += 1
-
-    batches = train_batches(start_iter)
-    next_batch = functools.partial(next, batches)
-    x, y = next_batch()
-    step_ms = []
-    stop_early = bool(cfg.patience and bad_evals >= cfg.patience)  # a resumed run that had stopped early
-    it = start_iter
-    times = budget.LoopTimes(start_iter)  # with a budget, the steps are fitted again from these
-    with terminal.StopRequested() as stop:
-        while True:
-            eval_due = (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != evaluated
-            measured = times.means(it) if eval_due and seconds and it <= 0.75 * cfg.max_iters else None
-            if measured:  # at each evaluation in the run's first 3/4
-                step_s, eval_s, now = agree_on(measured, device, world)
-                cfg = budget.replan(cfg, sources, seconds, it, step_s, eval_s, max_steps, now,
-                                    bar.write if master else say)
-                bar.total = cfg.max_iters
-            lr = get_lr(it, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at muon_lr's scale
-            if eval_due:
-                with times.evaluation():
-                    if master:
-                        evaluate(it, lr)
-                    stop_early = agree(cfg.patience and bad_evals >= cfg.patience, device, world)
-            if it >= cfg.max_iters or stop_early:
-                break
-
-            t0 = time.perf_counter()
-            if cfg.dropout > 0:  # this step's dropout masks, the step's only use of torch's generator
-                torch.manual_seed(step_seed(cfg.seed, rank, it))  # (~140 us: skipped where nothing draws)
-            loss_value, x, y = train_step(model, optimizer, scaler, next_batch, x, y, cfg.grad_accum, autocast, cfg)
-            step_ms.append((time.perf_counter() - t0) * 1000)
-            it += 1
-            # fp16's GradScaler skips steps whose gradients overflow; that is not a failure.
-            # A non-finite loss is: every step after it would be garbage, so nothing is saved.
-            if not math.isfinite(loss_value):
-                raise UserError(f"loss is {loss_value} at iteration {it}; the last good checkpoint is kept in "
-                                f"{out_dir}. Try a lower --learning_rate, or bfloat16 instead of float16")
-            if master:
-                tok_s = tokens_per_iter / (step_ms[-1] / 1000)
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
-                if it % cfg.log_interval == 0:
-                    record = {"iter": it, "loss": loss_value, "lr": lr, "ms_per_iter": step_ms[-1],
-                              "tokens_per_s": tok_s}
-                    if peak:
-                        record["mfu"] = flops * tok_s / peak
-                    append_record(out_dir, record)
-            if stop.signum is not None:
-                bar.close()
-                if master:
-                    checkpoint(it, None)
-                    print(f"stopped by {signal.Signals(stop.signum).name} at iteration {it}; saved "
-                          f"{out_dir / 'ckpt.pt'} (continue with --init_from=resume)")
-                return 128 + stop.signum
+def save_and_stop(run, signum, bar):
+    """After a signal (Ctrl-C, SIGTERM, a hangup): the step is done; ckpt.pt keeps it."""
     bar.close()
-    if master:
-        if it < cfg.max_iters:
-            print(f"stopped early at iteration {it}: val loss has not improved for {bad_evals} evaluations "
-                  f"(--patience={cfg.patience}); the best model is in {out_dir / 'best.pt'}")
-        median = sorted(step_ms)[len(step_ms) // 2] if step_ms else 0.0
-        print(f"done: {it} iterations, best val loss {best_val:.4f}, median {median:.1f} ms/iter; "
-              f"checkpoints in {out_dir}")
-    return 0
+    if run.procs.master:
+        save_checkpoint(run_state(run, None), Path(run.cfg.out_dir) / "ckpt.pt")
+        print(f"stopped by {signal.Signals(signum).name} at iteration {run.it}; saved "
+              f"{Path(run.cfg.out_dir) / 'ckpt.pt'} (continue with --init_from=resume)")
+    return 128 + signum
+
+
+def finish(run):
+    c = run.cfg
+    if run.it < c.max_iters:
+        run.procs.say(f"stopped early at iteration {run.it}: val loss has not improved for {run.bad_evals} "
+                      f"evaluations (--patience={c.patience}); the best model is in {Path(c.out_dir) / 'best.pt'}")
+    median = sorted(run.step_ms)[len(run.step_ms) // 2] if run.step_ms else 0.0
+    run.procs.say(f"done: {run.it} iterations, best val loss {run.best_val:.4f}, median {median:.1f} ms/iter; "
+                  f"checkpoints in {c.out_dir}")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,9 @@ sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 import train  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from tinygpt import settings  # noqa: E402
 from tinygpt.dataset import get_batch, mean_loss  # noqa: E402
+from tinygpt.decoding import generate  # noqa: E402
 from tinygpt.device import keep_freed_memory, machine, peak_flops, pick_dtype  # noqa: E402
 from tinygpt.optim import configure_optimizer  # noqa: E402
 
@@ -265,15 +267,15 @@ SAMPLING_ROUNDS = 15  # nanoGPT's rate moves +-7% between runs here: the median 
 
 
 def tokens_per_second(generators, repeats=SAMPLING_ROUNDS):
-    """{name: median tokens/s} of each generate() -> number of tokens (read back: on a GPU, it
+    """{name: median tokens/s} of each sample() -> number of tokens (read back: on a GPU, it
     waits), after a warm-up. They take turns, so a machine that slows down slows them all."""
-    for generate in generators.values():
-        generate()
+    for sample in generators.values():
+        sample()
     rates = {name: [] for name in generators}
     for _ in range(repeats):
-        for name, generate in generators.items():
+        for name, sample in generators.items():
             t0 = time.perf_counter()
-            n = generate()
+            n = sample()
             rates[name].append(n / (time.perf_counter() - t0))
     return {name: statistics.median(r) for name, r in rates.items()}
 
@@ -289,8 +291,9 @@ def sampling_in_process(nano, shape, device, new_tokens):
     rope = GPT(GPTConfig(**shape, bias=False, pos="rope")).to(device).eval()
     start = torch.zeros(1, 1, dtype=torch.long, device=device)
 
-    def run(model, **kwargs):
-        return lambda: model.generate(start, new_tokens, temperature=0.8, top_k=200, **kwargs).size(1) - 1
+    def run(model, **kwargs):  # nanoGPT's model.generate, or our decoding's
+        sample = model.generate if model is theirs else functools.partial(generate, model)
+        return lambda: sample(start, new_tokens, temperature=0.8, top_k=200, **kwargs).size(1) - 1
 
     return tokens_per_second({"nanogpt": run(theirs), "ours": run(ours), "rope": run(rope),
                               "nocache": run(ours, use_cache=False)})
@@ -344,7 +347,7 @@ def steps_taking_turns(nano, mode, runs, rounds):
     steps = {"nanogpt": their_step}
     for name, args in runs.items():
         cfg = load_config(train.TrainConfig, args, "train.py", "")
-        model = GPT(train.model_config(cfg, shape["vocab_size"]))
+        model = GPT(settings.model_config(cfg, shape["vocab_size"]))
         dtype = pick_dtype(cfg.dtype, "cpu", training=True)
         autocast = torch.autocast("cpu", dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
         # train.py's own step; the next batch it returns goes unused, each call drawing its own

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import train  # noqa: E402
 from config import cli  # noqa: E402
 from model import GPT  # noqa: E402
+from tinygpt import settings  # noqa: E402
 from tinygpt.dataset import get_batch  # noqa: E402
 from tinygpt.device import keep_freed_memory, pick_dtype  # noqa: E402
 from tinygpt.optim import configure_optimizer  # noqa: E402
@@ -45,7 +46,7 @@ def main(argv):
     dtype = pick_dtype(cfg.dtype, "cpu", training=True)
     autocast = torch.autocast("cpu", dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     torch.manual_seed(cfg.seed)
-    model = GPT(train.model_config(cfg, vocab_size))
+    model = GPT(settings.model_config(cfg, vocab_size))
     optimizer = configure_optimizer(model, cfg, "cpu")
     data = np.random.default_rng(0).integers(0, vocab_size, 200_000).astype(np.uint16)
     rng = np.random.default_rng(0)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from config import UserError, cli, load_config, option
 from model import GPT, GPTConfig
-from tinygpt.decoding import KVCache, stream
+from tinygpt.decoding import KVCache, generate, stream
 
 
 @dataclass
@@ -50,7 +50,7 @@ def tokens_per_second(model, idx, max_new_tokens, use_cache):
     sync = torch.cuda.synchronize if idx.device.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    out = model.generate(idx, max_new_tokens, temperature=0.0, use_cache=use_cache)
+    out = generate(model, idx, max_new_tokens, temperature=0.0, use_cache=use_cache)
     sync()
     return idx.size(0) * max_new_tokens / (time.perf_counter() - t0), out
 

@@ -24,7 +24,7 @@ import train
 from config import UserError, cli
 from model import GPT
 from prepare import read_meta
-from tinygpt import budget
+from tinygpt import budget, settings
 from tinygpt.device import pick_device
 
 
@@ -87,7 +87,7 @@ def main(argv):
     if "mfu" in steps[-1]:
         print(f"MFU {np.median([r['mfu'] for r in steps]):.1%} of the device's bf16 peak")
     elif device == "cpu":
-        params = GPT(train.model_config(cfg, vocab_size)).num_params()
+        params = GPT(settings.model_config(cfg, vocab_size)).num_params()
         flops = budget.train_flops_per_token(params, cfg.n_layer, cfg.n_embd, cfg.block_size) * tok_s
         peak = matmul_peak_flops()
         print(f"model FLOP/s {flops / 1e9:.1f} G, fp32 matmul peak here {peak / 1e9:.1f} G: MFU {flops / peak:.1%}")

@@ -12,7 +12,7 @@ import torch
 import sample
 import train
 from config import UserError
-from tinygpt import budget, checkpoint
+from tinygpt import budget, checkpoint, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -142,8 +142,8 @@ class FakeClock:
         self.now, self.step_s, self.probes = 0.0, 0.01, []
         real_step, real_estimate = train.train_step, train.estimate_loss
 
-        def time_steps(cfg, *args, **kwargs):
-            self.probes.append(cfg)
+        def probe(run):
+            self.probes.append(run.cfg)
             self.now = 0.0  # a new run's probe: its process has just started
             return 0.01, 0.1
 
@@ -155,7 +155,7 @@ class FakeClock:
             self.now += 0.1
             return real_estimate(*args, **kwargs)
 
-        monkeypatch.setattr(train, "time_steps", time_steps)
+        monkeypatch.setattr(train, "probe", probe)
         monkeypatch.setattr(train, "train_step", train_step)
         monkeypatch.setattr(train, "estimate_loss", estimate_loss)
         monkeypatch.setattr(budget, "process_age", lambda: self.now)
@@ -311,4 +311,4 @@ def test_a_presets_out_dir_holds_only_with_its_own_data(tmp_path):
                            ([str(preset), "--data_dir=data/b", "--out_dir=mine"], "mine"), ([], "out/shakespeare_char")]:
         sources = {}
         cfg = train.load_config(train.TrainConfig, argv, sources=sources)
-        assert train.run_out_dir(cfg, sources) == expected
+        assert settings.run_out_dir(cfg, sources) == expected

@@ -17,7 +17,8 @@ from config import UserError, load_config
 from model import MIXERS, POSITIONS, SCORES, GPTConfig
 from tinygpt import device, gpt2
 from tinygpt.device import check_model_fits, memory_bound, training_memory
-from train import TrainConfig, model_config
+from tinygpt.settings import model_config
+from train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "config").glob("*.toml")) + sorted((ROOT / "config" / "ladder").glob("*.toml"))

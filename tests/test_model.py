@@ -6,7 +6,20 @@ import math
 import pytest
 import torch
 
-from model import GPT, POSITIONS, CausalAverage, Dropout, GPTConfig, additive_scores, attention_mask, fused_attention
+from model import (
+    GPT,
+    POSITIONS,
+    CausalAverage,
+    Context,
+    GPTConfig,
+    Head,
+    MultiHeadAttention,
+    additive_scores,
+    attention,
+    fused_attention,
+    padding_mask,
+)
+from tinygpt.decoding import generate
 from tinygpt.optim import split_for_muon
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=4, n_embd=32)
@@ -82,7 +95,7 @@ def test_output_at_t_ignores_tokens_after_t(rung, overrides):
 
 def test_causal_average_is_the_mean_of_the_prefix():
     x = torch.randn(3, 7, 5)
-    out = CausalAverage()(x)
+    out = CausalAverage()(x, Context())
     for b in range(3):
         for t in range(7):
             torch.testing.assert_close(out[b, t], x[b, : t + 1].mean(dim=0))
@@ -92,11 +105,42 @@ def test_causal_average_skips_left_padding():
     x = torch.randn(2, 7, 5)
     valid = torch.ones(2, 7, dtype=torch.bool)
     valid[1, :3] = False
-    out = CausalAverage()(x, attention_mask(valid, 7))
+    out = CausalAverage()(x, Context(mask=padding_mask(valid, 7)))
     for t in range(7):
         torch.testing.assert_close(out[0, t], x[0, : t + 1].mean(dim=0))
     for t in range(3, 7):
         torch.testing.assert_close(out[1, t], x[1, 3 : t + 1].mean(dim=0))
+
+
+# --- Rungs 3 and 4: one head, then many -----------------------------------------------------
+
+
+def test_a_head_weights_each_earlier_value_by_its_softmaxed_scaled_dot_product():
+    torch.manual_seed(0)
+    head, x = Head(GPTConfig(n_embd=8, n_head=2), head_size=4), torch.randn(2, 5, 8)
+    q, k, v = head.query(x), head.key(x), head.value(x)  # (B, T, hs)
+    out = head(x, Context())
+    for t in range(5):  # query t against keys 0..t only
+        weights = torch.softmax(q[:, t : t + 1] @ k[:, : t + 1].transpose(1, 2) / 2.0, dim=-1)  # sqrt(4) = 2
+        torch.testing.assert_close(out[:, t : t + 1], weights @ v[:, : t + 1])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_multihead_attention_is_its_heads_one_by_one_concatenated_then_projected(fused):
+    """The lecture's step: n_head Heads side by side. The fused c_attn holds each head's query, key and
+    value matrices as row blocks; a Head given those rows gives that head's output."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_embd=12, n_head=3, fused_attention=fused)
+    mha, x = MultiHeadAttention(config), torch.randn(2, 6, 12)
+    W_q, W_k, W_v = mha.c_attn.weight.split(12)  # (C, C) each: rows h*hs to (h+1)*hs are head h's
+    b_q, b_k, b_v = mha.c_attn.bias.split(12)
+    outputs = []
+    for h in range(3):
+        rows = slice(4 * h, 4 * (h + 1))
+        q, k, v = x @ W_q[rows].T + b_q[rows], x @ W_k[rows].T + b_k[rows], x @ W_v[rows].T + b_v[rows]  # (B, T, 4)
+        outputs.append(attention(q, k, v)[0])  # (B, T, 4): head h, alone
+    expected = mha.c_proj(torch.cat(outputs, dim=-1))  # (B, T, C)
+    torch.testing.assert_close(mha(x, Context()), expected, atol=1e-6, rtol=1e-5)
 
 
 # --- Fused attention, written-out attention, padding ------------------------------------
@@ -203,7 +247,7 @@ def test_stack_without_residuals_keeps_its_activations_at_scale():
     start = x.std().item()
     with torch.no_grad():
         for block in model.blocks:
-            x = block(x)
+            x = block(x, Context())
     assert x.std().item() > 1e-3 * start
 
 
@@ -264,8 +308,8 @@ def test_cached_generation_equals_uncached_within_and_beyond_block_size(rung, ov
     model = randomized(make(rung, **overrides))
     prompt = tokens(2, 5)
     for new in (8, 40):  # 5 + 8 fits the block of 16; 5 + 40 slides past it
-        cached = model.generate(prompt, new, temperature=0, use_cache=True)
-        uncached = model.generate(prompt, new, temperature=0, use_cache=False)
+        cached = generate(model, prompt, new, temperature=0, use_cache=True)
+        uncached = generate(model, prompt, new, temperature=0, use_cache=False)
         assert cached.shape == (2, 5 + new)
         assert torch.equal(cached, uncached)
 
@@ -275,10 +319,10 @@ def test_cached_generation_of_a_left_padded_batch_equals_each_prompt_alone(rung)
     model = randomized(make(rung))
     idx, valid, prompt = left_padded_batch()
     # 12 + 4 stays within block_size, where the two windows hold the same tokens.
-    batched = model.generate(idx, 4, temperature=0, valid=valid, use_cache=True)
-    alone = model.generate(prompt, 4, temperature=0, use_cache=True)
+    batched = generate(model, idx, 4, temperature=0, valid=valid, use_cache=True)
+    alone = generate(model, prompt, 4, temperature=0, use_cache=True)
     assert torch.equal(batched[1, 12:], alone[0, 8:])
-    assert torch.equal(batched, model.generate(idx, 4, temperature=0, valid=valid, use_cache=False))
+    assert torch.equal(batched, generate(model, idx, 4, temperature=0, valid=valid, use_cache=False))
 
 
 @pytest.mark.parametrize("qk_dtype", [torch.bfloat16, torch.float32])
@@ -295,9 +339,3 @@ def test_fused_attention_runs_in_fp32_on_a_cpu_under_bf16_autocast(qk_dtype):
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
-def test_dropout_hands_back_its_input_itself_when_idle_and_drops_only_in_training():
-    x = torch.ones(1000)
-    assert Dropout(0.5).eval()(x) is x and Dropout(0.0).train()(x) is x
-    dropped = Dropout(0.5).train()(x)
-    kept = dropped != 0
-    assert 400 < (~kept).sum() < 600 and torch.equal(dropped[kept], torch.full_like(x, 2.0)[kept])  # x / (1 - p)

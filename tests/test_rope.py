@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from tinygpt.decoding import KVCache
+from tinygpt.decoding import KVCache, generate
 from tinygpt.positions import rope_frequencies, rope_rates, rope_tables, rotate
 
 
@@ -99,5 +99,5 @@ def test_generation_past_block_size_rebuilds_the_cache_only_without_rope(pos, pr
     model = GPT(GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16, pos=pos)).eval()
     lengths = []
     model.register_forward_pre_hook(lambda m, args: lengths.append(args[0].size(1)))
-    model.generate(torch.randint(13, (1, 5)), 48, temperature=0)
+    generate(model, torch.randint(13, (1, 5)), 48, temperature=0)
     assert len(lengths) == 48 and sum(n > 1 for n in lengths) == prompt_forwards  # the rest: one token each

@@ -9,8 +9,8 @@ import prepare
 import sample
 import train
 from model import GPT, GPTConfig
-from tinygpt import decoding as generate
-from tinygpt.decoding import KVCache, sample_next
+from tinygpt import decoding, prompts
+from tinygpt.decoding import KVCache, generate, sample_next, stream
 from tinygpt.textstream import TextStream, unescape
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +49,8 @@ def test_cached_logits_match_a_full_forward_pass_one_position_at_a_time(pos):
 def test_greedy_tokens_are_identical_with_and_without_the_cache_within_and_beyond_block_size(mixer, pos):
     model = tiny_gpt(mixer=mixer, pos=pos)
     idx = torch.randint(13, (2, 5))
-    cached = model.generate(idx, 4 * BLOCK, temperature=0.0, use_cache=True)
-    recomputed = model.generate(idx, 4 * BLOCK, temperature=0.0, use_cache=False)
+    cached = generate(model, idx, 4 * BLOCK, temperature=0.0, use_cache=True)
+    recomputed = generate(model, idx, 4 * BLOCK, temperature=0.0, use_cache=False)
     assert cached.shape == (2, 5 + 4 * BLOCK)
     assert torch.equal(cached, recomputed)
 
@@ -58,10 +58,10 @@ def test_greedy_tokens_are_identical_with_and_without_the_cache_within_and_beyon
 def test_sampled_tokens_are_identical_with_and_without_the_cache_for_a_fixed_seed():
     model = tiny_gpt()
     idx = torch.randint(13, (3, 4))
-    runs = [model.generate(idx, 3 * BLOCK, temperature=1.0, top_k=8, top_p=0.9, use_cache=use_cache,
+    runs = [generate(model, idx, 3 * BLOCK, temperature=1.0, top_k=8, top_p=0.9, use_cache=use_cache,
                            generator=torch.Generator().manual_seed(7)) for use_cache in (True, False)]
     assert torch.equal(runs[0], runs[1])
-    other_seed = model.generate(idx, 3 * BLOCK, temperature=1.0, generator=torch.Generator().manual_seed(8))
+    other_seed = generate(model, idx, 3 * BLOCK, temperature=1.0, generator=torch.Generator().manual_seed(8))
     assert not torch.equal(runs[0], other_seed)  # the seed matters, so the equality above means something
 
 
@@ -74,7 +74,7 @@ def test_decoding_runs_without_onednn_except_bf16_on_many_positions_and_leaves_t
     monkeypatch.setattr(KVCache, "advance", lambda cache, valid, T: seen.append((T, torch.backends.mkldnn.enabled))
                         or advance(cache, valid, T))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        between = [torch.backends.mkldnn.enabled for _ in model.stream(torch.randint(13, (1, 5)), 6)]
+        between = [torch.backends.mkldnn.enabled for _ in stream(model, torch.randint(13, (1, 5)), 6)]
     assert seen == [(5, bf16)] + [(1, False)] * 5  # bf16 on a prompt: oneDNN's matmuls are the faster
     assert between == [True] * 6 and torch.backends.mkldnn.enabled  # the caller's setting, between steps and after
 
@@ -84,7 +84,7 @@ def test_decoding_runs_without_onednn_except_bf16_on_many_positions_and_leaves_t
                                        {"vocab_size": 16, "real_vocab_size": 13}])
 def test_the_unrolled_step_gives_the_logits_of_model_forward_to_the_bit(overrides):
     model = tiny_gpt(**overrides).float()
-    step = generate.unrolled_step(model)
+    step = decoding.unrolled_step(model)
     assert step is not None
     steps = 3 * BLOCK if model.config.pos == "rope" else BLOCK - 4  # rope's cache slides past block_size
     idx = torch.randint(13, (2, 4 + steps))
@@ -103,46 +103,46 @@ def test_the_unrolled_step_gives_the_logits_of_model_forward_to_the_bit(override
                                        {"residual": False}, {"layernorm": False}, {"score": "additive"},
                                        {"fused_attention": False}])
 def test_the_unrolled_step_leaves_every_lower_rung_to_model_forward(overrides):
-    assert generate.unrolled_step(tiny_gpt(**overrides)) is None
+    assert decoding.unrolled_step(tiny_gpt(**overrides)) is None
 
 
 def test_the_unrolled_step_leaves_training_hooks_kept_weights_and_replaced_modules_to_model_forward():
     model = tiny_gpt()
-    assert generate.unrolled_step(model) is not None
-    assert generate.unrolled_step(model.train()) is None
+    assert decoding.unrolled_step(model) is not None
+    assert decoding.unrolled_step(model.train()) is None
     model.eval()
     handle = model.blocks[1].ffwd.register_forward_hook(lambda module, args, out: out * 2)
-    assert generate.unrolled_step(model) is None
+    assert decoding.unrolled_step(model) is None
     handle.remove()
     model.blocks[0].mixer.keep_weights = True
-    assert generate.unrolled_step(model) is None
+    assert decoding.unrolled_step(model) is None
     model.blocks[0].mixer.keep_weights = False
     model.blocks[0].ffwd.c_fc = type("Adapted", (torch.nn.Linear,), {})(16, 64)
-    assert generate.unrolled_step(model) is None
+    assert decoding.unrolled_step(model) is None
 
 
 def test_a_prompt_longer_than_block_size_is_cut_to_its_last_block_size_tokens():
     model = tiny_gpt()
     idx = torch.randint(13, (1, 3 * BLOCK))
-    out = model.generate(idx, 5, temperature=0.0)
-    assert torch.equal(out[:, -5:], model.generate(idx[:, -BLOCK:], 5, temperature=0.0)[:, -5:])
+    out = generate(model, idx, 5, temperature=0.0)
+    assert torch.equal(out[:, -5:], generate(model, idx[:, -BLOCK:], 5, temperature=0.0)[:, -5:])
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_batched_greedy_output_equals_each_prompt_generated_alone(use_cache):
     model = tiny_gpt()
     prompts = [[1, 2, 3, 4, 5, 6], [7], [8, 9, 10]]
-    idx, valid = sample.left_pad(prompts, "cpu")
+    idx, valid = decoding.left_pad(prompts, "cpu")
     assert valid is not None and valid.sum(dim=1).tolist() == [6, 1, 3]
     new = BLOCK - idx.size(1)  # within the window: padding then fills no place a lone prompt would use
-    batched = model.generate(idx, new, temperature=0.0, valid=valid, use_cache=use_cache)[:, idx.size(1):]
+    batched = generate(model, idx, new, temperature=0.0, valid=valid, use_cache=use_cache)[:, idx.size(1):]
     for row, prompt in enumerate(prompts):
-        alone = model.generate(torch.tensor([prompt]), new, temperature=0.0, use_cache=use_cache)[:, len(prompt):]
+        alone = generate(model, torch.tensor([prompt]), new, temperature=0.0, use_cache=use_cache)[:, len(prompt):]
         assert torch.equal(batched[row], alone[0]), f"prompt {row}"
 
 
 def test_prompts_of_equal_length_need_no_padding_mask():
-    idx, valid = sample.left_pad([[1, 2], [3, 4]], "cpu")
+    idx, valid = decoding.left_pad([[1, 2], [3, 4]], "cpu")
     assert valid is None and idx.tolist() == [[1, 2], [3, 4]]
 
 
@@ -162,10 +162,10 @@ LOGITS = torch.tensor([[0.5, 3.0, 1.0, 2.5, -1.0, 0.0]])  # token 1 likeliest, t
 def test_temperature_zero_top_k_one_and_a_tiny_top_p_are_all_greedy():
     model = tiny_gpt()
     idx = torch.randint(13, (2, 3))
-    greedy = model.generate(idx, 2 * BLOCK, temperature=0.0)
+    greedy = generate(model, idx, 2 * BLOCK, temperature=0.0)
     for filters in ({"top_k": 1}, {"top_p": 1e-6}):
         g = torch.Generator().manual_seed(0)
-        assert torch.equal(model.generate(idx, 2 * BLOCK, temperature=1.0, generator=g, **filters), greedy)
+        assert torch.equal(generate(model, idx, 2 * BLOCK, temperature=1.0, generator=g, **filters), greedy)
 
 
 def test_top_k_never_samples_outside_the_k_likeliest_tokens():
@@ -211,7 +211,7 @@ class ByteTokenizer:
 
 
 def test_text_stream_holds_a_token_that_ends_inside_a_character_until_it_is_complete():
-    stream = sample.TextStream(ByteTokenizer())
+    stream = TextStream(ByteTokenizer())
     pieces = [stream.push([b]) for b in "né!".encode()]
     assert pieces == ["n", "", "é", "!"]
     assert stream.flush() == ""
@@ -220,8 +220,8 @@ def test_text_stream_holds_a_token_that_ends_inside_a_character_until_it_is_comp
 def test_an_empty_prompt_starts_from_a_newline_or_else_token_zero():
     with_newline = prepare.tokenizer_from_meta({"tokenizer": "char", "vocab": ["\n", "a", "b"]})
     without = prepare.tokenizer_from_meta({"tokenizer": "char", "vocab": ["a", "b"]})
-    assert sample.encode_prompts([("", "--start", 1)], with_newline, "error") == [[0]]
-    assert sample.encode_prompts([("", "--start", 1), ("ba", "--start", 1)], without, "error") == [[0], [1, 0]]
+    assert prompts.encode_prompts([("", "--start", 1)], with_newline, "error") == [[0]]
+    assert prompts.encode_prompts([("", "--start", 1), ("ba", "--start", 1)], without, "error") == [[0], [1, 0]]
 
 
 # --- sample.py end to end ---------------------------------------------------------------------------
@@ -445,14 +445,14 @@ def test_generation_ends_when_every_row_has_stopped(capsys, out_dir, tmp_path, m
     stops = [free[0][10:12], free[1][20:23]]  # repeated --stop: either one ends a row
     ends = [min(i for i in (text.find(s) for s in stops) if i >= 0) for text in free]
     produced = []
-    real_stream = generate.stream
+    real_stream = decoding.stream
 
     def counting_stream(*args, **kwargs):
         for token in real_stream(*args, **kwargs):
             produced.append(token)
             yield token
 
-    monkeypatch.setattr(generate, "stream", counting_stream)
+    monkeypatch.setattr(decoding, "stream", counting_stream)
     stopped = sampled(capsys, out_dir, f"--prompts={tmp_path / 'prompts.txt'}", "--max_new_tokens=60",
                       *(f"--stop={s}" for s in stops))
     assert stopped == [as_printed(p + text[:end]) for p, text, end in zip(prompts, free, ends)]

@@ -5,9 +5,9 @@ block_size at a fixed memory."""
 import pytest
 import torch
 
-import sample
 from model import GPT, GPTConfig
-from tinygpt.decoding import KVCache
+from tinygpt import decoding
+from tinygpt.decoding import KVCache, generate, stream
 
 BLOCK = 16
 
@@ -108,10 +108,10 @@ def test_tokens_with_a_window_are_the_same_with_and_without_the_cache_far_past_b
     model = windowed_gpt(window, pos=pos)
     prompt = tokens(2, 9)  # longer than the window
     for new in (5, 6 * BLOCK):  # within block_size, and six blocks past it
-        cached, uncached = (model.generate(prompt, new, temperature=1.0, use_cache=use_cache,
+        cached, uncached = (generate(model, prompt, new, temperature=1.0, use_cache=use_cache,
                                            generator=torch.Generator().manual_seed(3)) for use_cache in (True, False))
         assert torch.equal(cached, uncached)
-        greedy = [model.generate(prompt, new, temperature=0, use_cache=use_cache) for use_cache in (True, False)]
+        greedy = [generate(model, prompt, new, temperature=0, use_cache=use_cache) for use_cache in (True, False)]
         assert torch.equal(*greedy)
     assert len(set(cached[0, -4 * BLOCK:].tolist())) > 5  # sampled: varied, so the equality means something
 
@@ -135,7 +135,7 @@ def test_a_windowed_cache_never_grows_past_the_window_however_long_generation_ru
         caches.append(KVCache(n_layer, max_len))
         return caches[-1]
 
-    sizes = [caches[0].nbytes() for _ in model.stream(tokens(1, 3), 10 * BLOCK, temperature=0, new_cache=new_cache)]
+    sizes = [caches[0].nbytes() for _ in stream(model, tokens(1, 3), 10 * BLOCK, temperature=0, new_cache=new_cache)]
     assert len(caches) == 1  # made once, never rebuilt: rope lets it slide
     one_position = 2 * model.config.n_layer * model.config.n_embd * 8  # keys and values of every layer, float64
     assert max(sizes) == 5 * one_position  # the window, not the 160 positions seen
@@ -146,10 +146,10 @@ def test_a_windowed_cache_never_grows_past_the_window_however_long_generation_ru
 def test_a_left_padded_batch_with_a_window_generates_what_each_prompt_does_alone(pos):
     model = windowed_gpt(4, pos=pos)
     prompts = [[1, 2, 3, 4, 5, 6], [7], [8, 9, 10]]
-    idx, valid = sample.left_pad(prompts, "cpu")
+    idx, valid = decoding.left_pad(prompts, "cpu")
     new = BLOCK - idx.size(1)  # within block_size; the window slides past the padding and the prompts
     for use_cache in (True, False):
-        batched = model.generate(idx, new, temperature=0, valid=valid, use_cache=use_cache)[:, idx.size(1):]
+        batched = generate(model, idx, new, temperature=0, valid=valid, use_cache=use_cache)[:, idx.size(1):]
         for row, prompt in enumerate(prompts):
-            alone = model.generate(torch.tensor([prompt]), new, temperature=0, use_cache=use_cache)[:, len(prompt):]
+            alone = generate(model, torch.tensor([prompt]), new, temperature=0, use_cache=use_cache)[:, len(prompt):]
             assert torch.equal(batched[row], alone[0]), f"prompt {row}, cache {use_cache}"

@@ -28,6 +28,7 @@ import torch
 
 from config import UserError
 from tinygpt.dataset import get_batch
+from tinygpt.settings import has_preset
 
 DEFAULT_BUDGET = "5m"  # with no preset and no --max_iters: a few minutes of a laptop's time
 _IMPORTED = time.time()
@@ -216,6 +217,36 @@ def replan(cfg, sources, seconds, it, step_s, eval_s, max_steps=None, elapsed=No
             f"{steps:,} steps in all (planned: {cfg.max_iters:,})")
     changes = {k: steps for k in ("max_iters", "lr_decay_iters") if sources.get(k) != "command line"}
     return dataclasses.replace(cfg, **changes)
+
+
+class Budget:
+    """A run's time budget, kept by train.py from its start to its end: the steps fitted once from a
+    probe of a few real steps (fit), then again from the loop's own times (replan). max_steps: the
+    most steps worth taking on the data, when the run was sized for it (size_for_data)."""
+
+    def __init__(self, seconds, sources, max_steps=None):
+        self.seconds, self.sources, self.max_steps = seconds, sources, max_steps
+
+    @classmethod
+    def of(cls, cfg, sources):
+        """The budget of a new run: --max_time, or DEFAULT_BUDGET when neither a preset nor --max_iters
+        sets the steps; None when they do and --max_time is not given."""
+        if cfg.max_time or (not has_preset(sources) and "max_iters" not in sources):
+            return cls(parse_duration(cfg.max_time or DEFAULT_BUDGET), sources)
+        return None
+
+    def fit(self, cfg, step_s, eval_s, elapsed, say=print):
+        return fit_to_time(cfg, self.sources, self.seconds, step_s, eval_s, self.max_steps, elapsed, say)
+
+    def replan(self, cfg, it, times, agree_on, say=print):
+        """cfg with its steps fitted again at an evaluation in the run's first 3/4, where the schedule
+        takes the change in its stride; as it is elsewhere, or before the loop has times of its own.
+        agree_on: every process plans from rank 0's times."""
+        measured = times.means(it) if it <= 0.75 * cfg.max_iters else None
+        if not measured:
+            return cfg
+        step_s, eval_s, now = agree_on(measured)
+        return replan(cfg, self.sources, self.seconds, it, step_s, eval_s, self.max_steps, now, say)
 
 
 class LoopTimes:

@@ -61,22 +61,29 @@ def load_checkpoint(path, device="cpu"):
     return ckpt
 
 
-def resumed_config(saved, cfg, sources):
-    """The settings the run started with, from its checkpoint, with what a preset or the command
-    line sets now laid over them: a resumed run keeps the choices made at its start (the model
-    sized for the data, the steps its time budget bought) and does not choose again."""
-    known = {f.name for f in dataclasses.fields(cfg)}
-    start = type(cfg)(**{k: v for k, v in saved.items() if k in known})
-    now = {k: getattr(cfg, k) for k in sources} | {"out_dir": cfg.out_dir, "init_from": "resume"}
-    return dataclasses.replace(start, **now)
+def run_state(run, val_loss):
+    """What ckpt.pt holds of a training run (train.Run) after its step run.it: enough to resume it
+    exactly, or to sample from it. val_loss: that step's evaluation, or None (saved on a signal)."""
+    return {"format": CHECKPOINT_FORMAT, "model": run.raw_model.state_dict(),
+            "model_config": dataclasses.asdict(run.raw_model.config), "train_config": dataclasses.asdict(run.cfg),
+            "meta": run.meta, "iter": run.it, "best_val_loss": run.best_val, "val_loss": val_loss,
+            "bad_evals": run.bad_evals, "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict()}
 
 
-def check_resumable(ckpt, mconf, meta, cfg):
-    """A UserError unless this run's model and tokenizer are the checkpoint's."""
+def restore_run(run, ckpt):
+    """run (train.Run, not yet compiled or wrapped) as run_state left it in ckpt."""
+    run.raw_model.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    run.scaler.load_state_dict(ckpt["scaler"])
+    run.it, run.best_val, run.bad_evals = ckpt["iter"], ckpt["best_val_loss"], ckpt.get("bad_evals", 0)
+    run.evaluated = run.it if ckpt["val_loss"] is not None else None  # None: saved on a signal, not evaluated
+
+
+def read_start(cfg, device):
+    """The checkpoint a run resumes from (--init_from=resume); None for a new run, which must not
+    replace one already in out_dir unless told to (--overwrite)."""
     path = Path(cfg.out_dir) / "ckpt.pt"
-    then = {f.name: f.default for f in dataclasses.fields(mconf)} | ckpt["model_config"]  # older: the defaults
-    diff = {k: (v, then.get(k)) for k, v in dataclasses.asdict(mconf).items() if then.get(k) != v}
-    if diff:
-        raise UserError(f"cannot resume {path}: the model config differs (now, checkpoint): {diff}")
-    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):
-        raise UserError(f"cannot resume {path}: its tokenizer differs from the one in {cfg.data_dir}")
+    if cfg.init_from != "resume" and path.exists() and not cfg.overwrite:
+        raise UserError(f"{path} exists; continue it with --init_from=resume, "
+                        "start over with --overwrite=true, or pick another --out_dir")
+    return load_checkpoint(path, device) if cfg.init_from == "resume" else None

@@ -1,8 +1,11 @@
-"""Generation: the KV cache, the decoding loop, the one-token step, and the sampling rule.
+"""Decoding: the KV cache, the loop that feeds a model its context, the one-token step, and the
+sampling rule.
 
-model.GPT.stream and GPT.generate call into here. The model itself knows only
-forward(); this file decides which positions to feed it, keeps the keys and
-values of those it has seen, and picks each next token from the logits.
+    generate(model, idx, 100, temperature=0.8, top_k=200)   # (B, T + 100) token ids
+    for token in stream(model, idx, 100): ...               # the next token (B, 1), one at a time
+
+The model knows only forward(); this module decides which positions to feed it, keeps
+the keys and values of those it has seen, and picks each next token from the logits.
 """
 
 import contextlib
@@ -11,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model import GPT, Block, FeedForward, MultiHeadAttention, fused_attention
 from tinygpt.positions import rope_tables, rotate
 
 
@@ -119,6 +123,23 @@ class KVCache:
         return k, v
 
 
+def left_pad(rows, device):
+    """Prompts of different lengths as one batch: ids (B, T) with the shorter rows padded on the
+    left, and valid (B, T) marking the real tokens, or None when no row is padded."""
+    T = max(len(ids) for ids in rows)
+    idx = torch.zeros(len(rows), T, dtype=torch.long)
+    valid = torch.zeros(len(rows), T, dtype=torch.bool)
+    for r, ids in enumerate(rows):
+        idx[r, T - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        valid[r, T - len(ids) :] = True
+    return idx.to(device), (None if valid.all() else valid.to(device))
+
+
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, **kwargs):
+    """idx (B, T) followed by max_new_tokens generated tokens: (B, T + max_new_tokens). See stream."""
+    return torch.cat([idx, *stream(model, idx, max_new_tokens, temperature, top_k, **kwargs)], dim=1)
+
+
 @torch.inference_mode()  # no_grad, and no version counters or views tracked: 20% more tokens/s on a CPU
 def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
            valid=None, use_cache=True, generator=None, new_cache=KVCache):
@@ -157,7 +178,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
             with faster_cpu_kernels(positions=1):
                 logits = step(idx[:, -1:], cache) if step else model(idx[:, -1:], cache=cache, last_only=True)[0]
         else:
-            cache = new_cache(model.config.n_layer, span) if use_cache else None
+            attends = model.config.mixer in ("head", "multihead")  # an average or a bigram has nothing to cache
+            cache = new_cache(model.config.n_layer, span) if use_cache and attends else None
             with faster_cpu_kernels(positions=idx.size(1)):
                 logits, _ = model(idx, valid=valid, cache=cache, last_only=True)
         next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B, 1)
@@ -180,12 +202,10 @@ def unrolled_step(model):
     rows without padding; None for anything else, or a module a caller has hooked or replaced,
     which model.forward then runs.
     """
-    import model as lesson  # it imports this file: the classes exist by the time a model does
-
     c = model.config
     full_gpt = (c.mixer, c.score, c.feedforward, c.residual, c.layernorm, c.fused_attention) == (
         "multihead", "dot", True, True, True, True)
-    plain = {lesson.GPT, lesson.Block, lesson.MultiHeadAttention, lesson.FeedForward, lesson.Dropout,
+    plain = {GPT, Block, MultiHeadAttention, FeedForward, nn.Dropout,
              nn.ModuleList, nn.Embedding, nn.LayerNorm, nn.Linear}
     untouched = all(type(m) in plain and not (m._forward_hooks or m._forward_pre_hooks) for m in model.modules())
     if model.training or not full_gpt or not untouched or any(b.mixer.keep_weights for b in model.blocks):
@@ -212,7 +232,7 @@ def unrolled_step(model):
             else:
                 q, k, v = qkv.unbind(0)
             k, v = cache.extend(k, v)  # (B, H, S, hs)
-            h = lesson.fused_attention(q, k, v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
+            h = fused_attention(q, k, v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
             x = x + F.linear(h, proj_w, proj_b)
             h = F.layer_norm(x, (C,), ln2_w, ln2_b, eps)
             x = x + F.linear(F.gelu(F.linear(h, fc_w, fc_b), approximate=gelu), out_w, out_b)

@@ -150,6 +150,11 @@ def pick_dtype(name, device_type, training=False):
     return dtypes[name]
 
 
+def autocast(device_type, dtype):
+    """Mixed precision in dtype on device_type; for float32, nothing."""
+    return contextlib.nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
+
+
 @functools.cache
 def cpu_bf16_is_faster(n=256, repeats=10):
     """Whether this CPU multiplies bf16 matrices at least 1.25x as fast as fp32 ones, timed.

@@ -2,7 +2,7 @@
 
     python sample.py --init_from=gpt2-xl --start="The meaning of life is"
     python train.py config/finetune_shakespeare_gpt2.toml       # fine-tunes gpt2
-    python score.py --init_from=/models/gpt2 --input=notes.txt   # config.json + model.safetensors
+    python -m tinygpt.score --init_from=/models/gpt2 --input=notes.txt   # config.json + model.safetensors
 
 GPT-2 is the GPT of model.py with its switches set: biases, learned positions
 over 1024 tokens, a tied head, and the tanh approximation of GELU. Its text goes
@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from config import UserError
-from model import GPT, GPTConfig, padded_vocab_size
+from model import GPT, GPTConfig
+from tinygpt.settings import padded_vocab_size
 from tinygpt.tokenizer import load_encoding
 
 SIZES = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1.5B"}  # parameters

@@ -1,8 +1,8 @@
 """Trains every rung of the ladder (config/ladder/*.toml) on one budget, and tabulates them.
 
-    python ladder.py                   # the CPU budget (the presets as written): rungs 1-8 under 30 minutes on 2 cores
-    python ladder.py --budget=gpu      # the 5000-step reference settings (block 256, 384 wide)
-    python ladder.py --rungs=3,4 --max_iters=500 --lr_decay_iters=500 --out=out/try   # train.py options pass through
+    python -m tinygpt.ladder                   # the CPU budget (the presets as written): rungs 1-8 under 30 minutes on 2 cores
+    python -m tinygpt.ladder --budget=gpu      # the 5000-step reference settings (block 256, 384 wide)
+    python -m tinygpt.ladder --rungs=3,4 --max_iters=500 --lr_decay_iters=500 --out=out/try   # train.py options pass through
 
 Each rung trains with train.py into OUT/RUNG, in a process of its own so that its
 peak memory is its own. Then the table (rung, parameters, final train and val loss,
@@ -34,6 +34,7 @@ from model import GPT, GPTConfig
 from tinygpt.checkpoint import load_checkpoint
 from tinygpt.device import check_device, machine, pick_device, pick_dtype
 from tinygpt.files import write_atomic, write_error
+from tinygpt.settings import check_settings
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 PRESETS = ROOT / "config" / "ladder"
@@ -55,7 +56,7 @@ GPU_ADDITIVE_ACCUM = 4
 LADDER_OWNS = ("out_dir", "init_from", "overwrite")  # train.py options the ladder sets itself
 COLUMNS = ("rung", "parameters", "train loss", "val loss", "tokens/s", "peak memory", "wall time")
 PEAK_FILE = "peak_memory.json"  # written into each rung's directory by the process that trained it
-USAGE = "usage: python ladder.py [--budget=cpu|gpu] [--rungs=RUNG,...] [--out=DIR] [--force] [TRAIN.PY OPTIONS]"
+USAGE = "usage: python -m tinygpt.ladder [--budget=cpu|gpu] [--rungs=RUNG,...] [--out=DIR] [--force] [TRAIN.PY OPTIONS]"
 DESCRIPTION = "Trains every rung in config/ladder/ on one budget and tabulates them."
 
 
@@ -84,7 +85,7 @@ def split_args(argv):
             continue
         if not arg.startswith("--"):
             raise UserError(f"command line: unexpected {arg!r}; ladder.py trains config/ladder/*.toml and "
-                            "takes only --key=value options (python ladder.py --help)")
+                            "takes only --key=value options (python -m tinygpt.ladder --help)")
         name, has_value, _ = arg[2:].partition("=")
         name = name.replace("-", "_")
         if name in LADDER_OWNS:
@@ -292,7 +293,7 @@ def markdown(rows, header):
 def main(argv):
     own, overrides = split_args(argv)
     if {"-h", "--help"} & set(own):
-        print(USAGE + help_text(LadderConfig, "ladder.py", DESCRIPTION).split("\n", 1)[1])
+        print(USAGE + help_text(LadderConfig, "-m tinygpt.ladder", DESCRIPTION).split("\n", 1)[1])
         print("\nAny train.py option (python train.py --help) passes through to every rung, e.g. --max_iters=500.")
         return 0
     cfg = load_config(LadderConfig, own)
@@ -308,7 +309,7 @@ def main(argv):
                 f"--out_dir={out_dir}"]
         rung_cfg = load_config(train.TrainConfig, args)
         try:  # the whole rung, model and data included, so a mistake fails now and not at rung 5
-            train.check_settings(rung_cfg, check_device(pick_device(rung_cfg.device)))
+            check_settings(rung_cfg, check_device(pick_device(rung_cfg.device)))
         except UserError as e:
             raise UserError(f"rung {preset.stem}: {e}") from None
         state, diff = run_state(out_dir, rung_cfg)

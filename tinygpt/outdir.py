@@ -21,15 +21,6 @@ LEFT_BY_A_KILL = ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp", "wall_time.json
 
 
 
-def run_out_dir(cfg, sources):
-    """out_dir as set on the command line, or by the preset that also names the data; otherwise
-    it follows the data, out/NAME for data/NAME, so runs on different texts never meet."""
-    where = sources.get("out_dir")
-    if cfg.out_dir and (where == "command line" or (where is not None and where == sources.get("data_dir"))):
-        return cfg.out_dir
-    return str(Path("out") / Path(cfg.data_dir).name)
-
-
 class RunLock:
     """out_dir/lock, held from acquire() to release(). The kernel lets go of an flock when
     its process dies, however it dies, so the lock of a killed run is simply taken over.

@@ -1,9 +1,9 @@
 """Draws training runs: loss curves, and attention weights.
 
-    python plot.py losses out/ladder/06_residual out/ladder/07_layernorm --out=losses.png
-    python plot.py attention --out_dir=out/shakespeare_char_cpu --prompt="ROMEO: But soft" --out=attention.png
-    python plot.py attention out/ladder/04_multihead out/ladder/04b_multihead_additive --prompt="ROMEO: But soft"
-    python plot.py losses --help
+    python -m tinygpt.plot losses out/ladder/06_residual out/ladder/07_layernorm --out=losses.png
+    python -m tinygpt.plot attention --out_dir=out/shakespeare_char_cpu --prompt="ROMEO: But soft" --out=attention.png
+    python -m tinygpt.plot attention out/ladder/04_multihead out/ladder/04b_multihead_additive --prompt="ROMEO: But soft"
+    python -m tinygpt.plot losses --help
 
 losses     train and val loss against the step, from each run's OUT_DIR/log.jsonl
 attention  for a prompt, the attention weights of every layer (rows) and head
@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from config import UserError, cli, help_text, load_config, option
-from model import CausalAverage, MultiHeadAttention, causal_mask
-from sample import load_model
+from model import CausalAverage, MultiHeadAttention, tril_mask
 from tinygpt.checkpoint import checkpoint_path
 from tinygpt.files import write_atomic, write_error
+from tinygpt.weights import model_from_checkpoint
 
 SHORT = 48  # prompts up to this many tokens get their characters as tick labels
 SHOWN = {"\n": "↵", " ": "␣", "\t": "⇥"}  # characters that would be invisible as labels
@@ -137,7 +137,7 @@ def draw_losses(plt, logs, splits, ymax=None, title=""):
 def plot_losses(cfg):
     """The loss-curve figure for cfg (LossesConfig)."""
     if not cfg.runs:
-        raise UserError("name at least one run: python plot.py losses OUT_DIR [OUT_DIR ...]")
+        raise UserError("name at least one run: python -m tinygpt.plot losses OUT_DIR [OUT_DIR ...]")
     splits = [s.strip() for item in cfg.splits for s in item.split(",") if s.strip()]
     if not splits or any(s not in ("train", "val") for s in splits):
         raise UserError(f"--splits must be train, val or both, got {','.join(cfg.splits)!r}")
@@ -168,7 +168,7 @@ def attention_weights(model, idx):
     layers = []
     for mixer in mixers:
         if isinstance(mixer, CausalAverage):  # fixed weights: 1/(t+1) on each visible key
-            mask = causal_mask(T, T).float()  # (T, T)
+            mask = tril_mask(T, T).float()  # (T, T)
             layers.append((mask / mask.sum(-1, keepdim=True))[None])  # (1, T, T)
         else:
             layers.append(mixer.weights[0].float())  # (H, T, T), or (1, T, T) for one Head
@@ -230,7 +230,7 @@ def describe_model(config):
 def run_attention(run, cfg):
     """(weights (L, H, T, T), token labels, title) for one run's checkpoint on cfg.prompt."""
     path = checkpoint_path(run, cfg.checkpoint)
-    model, tokenizer = load_model(path, "cpu")
+    model, tokenizer = model_from_checkpoint(path, "cpu")
     unknown = tokenizer.unknown(cfg.prompt)
     if unknown:
         raise UserError(f"--prompt has {len(unknown)} character(s) the model in {run} never saw: "
@@ -248,7 +248,7 @@ def plot_attention(cfg):
     if not cfg.prompt:
         raise UserError("--prompt is empty; give the text whose attention to draw, e.g. --prompt='ROMEO: But soft'")
     if not cfg.out_dir:
-        raise UserError("name at least one run: python plot.py attention OUT_DIR [OUT_DIR ...] --prompt=TEXT")
+        raise UserError("name at least one run: python -m tinygpt.plot attention OUT_DIR [OUT_DIR ...] --prompt=TEXT")
     runs = [run_attention(run, cfg) for run in cfg.out_dir]
     plt = pyplot()
     if len(runs) == 1:
@@ -287,17 +287,17 @@ def name_positionals(args, field):
 @cli
 def main(argv):
     if not argv:
-        raise UserError("name what to draw: python plot.py losses OUT_DIR ..., or python plot.py attention "
-                        "--out_dir=DIR --prompt=TEXT (python plot.py --help)")
+        raise UserError("name what to draw: python -m tinygpt.plot losses OUT_DIR ..., or python -m tinygpt.plot attention "
+                        "--out_dir=DIR --prompt=TEXT (python -m tinygpt.plot --help)")
     if argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
     what, rest = argv[0], argv[1:]
     if what not in COMMANDS:
-        raise UserError(f"plot.py draws losses or attention, not {what!r}; e.g. python plot.py losses OUT_DIR")
+        raise UserError(f"plot.py draws losses or attention, not {what!r}; e.g. python -m tinygpt.plot losses OUT_DIR")
     cls, draw, positional, usage = COMMANDS[what]
     if "-h" in rest or "--help" in rest:
-        print(f"usage: python plot.py {what} {usage}\n\noptions:" + help_text(cls, "", "").split("options:", 1)[1])
+        print(f"usage: python -m tinygpt.plot {what} {usage}\n\noptions:" + help_text(cls, "", "").split("options:", 1)[1])
         return 0
     cfg = load_config(cls, name_positionals(rest, positional))
     image_kind(cfg.out)  # before any work

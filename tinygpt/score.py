@@ -1,8 +1,8 @@
 """Scores a text file with a model: how well it predicts the text, in bits per character and per token.
 
-    python score.py --out_dir=out/shakespeare_char_cpu_fast --input=notes.txt
-    python score.py --out_dir=out/notes_finetuned --checkpoint=best.pt --input=held_out.txt
-    python score.py --init_from=gpt2 --input=notes.txt
+    python -m tinygpt.score --out_dir=out/shakespeare_char_cpu_fast --input=notes.txt
+    python -m tinygpt.score --out_dir=out/notes_finetuned --checkpoint=best.pt --input=held_out.txt
+    python -m tinygpt.score --init_from=gpt2 --input=notes.txt
 
 Fewer bits is better: a model that always knew the next character would need 0,
 one that guessed uniformly among 65 characters log2(65) = 6.02. The text is read
@@ -14,7 +14,6 @@ characters of the tokens scored.
 """
 
 import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
-import contextlib
 import math
 import sys
 from dataclasses import dataclass
@@ -22,9 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from config import UserError, cli, load_config, option
-from sample import drop_unknown, load, read_text  # models and texts are read as sample.py reads them
 from tinygpt.dataset import mean_loss
-from tinygpt.device import check_device, pick_device, pick_dtype
+from tinygpt.device import autocast, check_device, pick_device, pick_dtype
+from tinygpt.prompts import drop_unknown, read_text
+from tinygpt.weights import load_model
 
 
 @dataclass
@@ -45,22 +45,20 @@ class ScoreConfig:
 
 @cli
 def main(argv):
-    cfg = load_config(ScoreConfig, argv, "score.py", __doc__.strip().splitlines()[0])
+    cfg = load_config(ScoreConfig, argv, "-m tinygpt.score", __doc__.strip().splitlines()[0])
     if not cfg.input:
         raise UserError("no text to score: pass --input=FILE")
     device = check_device(pick_device(cfg.device))
     device_type = torch.device(device).type
     dtype = pick_dtype(cfg.dtype, device_type)
     text = read_text(cfg.input, "--input")
-    model, tokenizer = load(cfg, device)
+    model, tokenizer = load_model(cfg.init_from, cfg.out_dir, cfg.checkpoint, device)
     [text] = drop_unknown([(text, cfg.input, 1)], tokenizer, cfg.unknown, what=f"--input {cfg.input}")
     ids = tokenizer.encode_array(text)
     if len(ids) < 2:
         raise UserError(f"--input {cfg.input} has {len(ids)} token(s); scoring needs 2 or more (the first has no "
                         "context)")
-    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
-                else contextlib.nullcontext())
-    loss = mean_loss(model, ids, model.config.block_size, cfg.batch_size, device, autocast)
+    loss = mean_loss(model, ids, model.config.block_size, cfg.batch_size, device, autocast(device_type, dtype))
     scored_tokens = len(ids) - 1
     scored_chars = len(text) - len(tokenizer.decode(ids[:1]))
     bits = loss * scored_tokens / math.log(2)

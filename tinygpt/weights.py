@@ -1,4 +1,7 @@
-"""Starting a run from weights that exist: fine-tuning a checkpoint, or GPT-2, on new data.
+"""Weights that exist: a checkpoint or GPT-2, loaded to sample from and score, or to start a run from.
+
+    python sample.py --out_dir=out/shakespeare_char          # load_model: best.pt, or ckpt.pt
+    python sample.py --init_from=gpt2 --start="Hello"        # load_model: GPT-2 (tinygpt/gpt2.py)
 
     python train.py config/shakespeare_char_cpu_fast.toml --init_from=out/shakespeare_char_cpu_fast/ckpt.pt \\
         --data_dir=data/notes_char --out_dir=out/notes_finetuned
@@ -19,9 +22,40 @@ from pathlib import Path
 import torch
 
 from config import UserError
-from model import GPTConfig
+from model import GPT, GPTConfig
 from tinygpt import gpt2
-from tinygpt.checkpoint import load_checkpoint
+from tinygpt.checkpoint import checkpoint_path, load_checkpoint
+from tinygpt.tokenizer import tokenizer_from_meta
+
+
+def load_model(init_from, out_dir, checkpoint, device):
+    """(model in eval mode on device, tokenizer): GPT-2 if init_from names it, else (resume) the
+    checkpoint named in out_dir, best.pt when there is one (checkpoint_path)."""
+    if init_from == "resume":
+        return model_from_checkpoint(checkpoint_path(out_dir, checkpoint), device)
+    if not gpt2.is_gpt2(init_from):
+        raise UserError(f"init_from must be resume (a checkpoint in --out_dir), {', '.join(gpt2.SIZES)} or a "
+                        f"directory in the Hugging Face layout; got {init_from!r}")
+    config, state, meta = gpt2.load(init_from)
+    return gpt2.build(config, state).to(device), tokenizer_from_meta(meta)
+
+
+def model_from_checkpoint(path, device):
+    """(model in eval mode on device, tokenizer), both from one checkpoint file."""
+    ckpt = load_checkpoint(path, "cpu")  # to the CPU first: only the weights need to go to the device
+    if "meta" not in ckpt:
+        raise UserError(f"{path} holds no tokenizer (meta); it was not written by this train.py")
+    try:
+        model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, ValueError, RuntimeError) as e:
+        first_line = str(e).strip().splitlines()[0][:200]
+        raise UserError(f"{path} does not fit this version of model.py ({first_line}); "
+                        "sample with the code that trained it, or retrain") from None
+    return model.to(device).eval(), tokenizer_from_meta(ckpt["meta"])
+
+
+# --- Fine-tuning --------------------------------------------------------------------------------------
 
 # What a fine-tuned run sets itself, whatever the weights were trained with.
 RUN_KEYS = {"vocab_size", "real_vocab_size", "block_size", "dropout", "fused_attention"}

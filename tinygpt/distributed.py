@@ -1,0 +1,82 @@
+"""One process, or one of many under torchrun, each with its own device and a share of the batch.
+
+    torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_char.toml
+
+PyTorch's DistributedDataParallel averages the gradients; what else must be the same on
+every process (a plan, a decision to stop) is rank 0's, broadcast to all (agree_on).
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tinygpt.device import check_device, keep_freed_memory, pick_device
+
+
+@dataclass
+class Processes:
+    rank: int  # this process's number, 0 to world - 1; rank 0 evaluates, saves and prints
+    world: int  # how many processes train together
+    device: str  # this process's device: cpu, cuda:N or mps
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+    def say(self, *args, **kwargs):
+        """print, from rank 0 alone: one line for the run, not one per process."""
+        if self.master:
+            print(*args, **kwargs)
+
+    @property
+    def backend(self):  # how the processes talk (nccl, gloo), or None for one process without torchrun
+        return dist.get_backend() if dist.is_initialized() else None
+
+    @property
+    def device_type(self):
+        return self.device.split(":")[0]
+
+    def agree_on(self, numbers):
+        """Rank 0's numbers on every process, so that all make the same plan."""
+        if self.world == 1:
+            return tuple(numbers)
+        t = torch.tensor(numbers, dtype=torch.float64, device=self.device)
+        dist.broadcast(t, src=0)
+        return tuple(t.tolist())
+
+    def agree(self, flag):
+        """Rank 0's flag on every process: its evaluations decide for all."""
+        return bool(self.agree_on((float(bool(flag)),))[0])
+
+    def wrap(self, model):
+        """model under DDP when started by torchrun (even as one process), else model itself."""
+        if not dist.is_initialized():
+            return model
+        return DDP(model, device_ids=[torch.device(self.device).index] if self.device_type == "cuda" else None)
+
+
+def start_processes(device_name):
+    """This process: alone, or (started by torchrun, which sets RANK) one of a process group, on
+    the GPU of its LOCAL_RANK, talking over NCCL (GPUs) or gloo (CPUs)."""
+    device = check_device(pick_device(device_name))
+    if device == "cpu":
+        keep_freed_memory()  # each step reuses the last one's memory: no page faults
+    if "RANK" not in os.environ:
+        return Processes(0, 1, device)
+    if device.startswith("cuda"):
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    return Processes(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
+
+
+def end_processes(finished):
+    """Leaves the process group, if there is one. finished: every process reached the end, and
+    waits there for the others first (gloo can abort a process whose peer is already gone)."""
+    if dist.is_initialized():
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
