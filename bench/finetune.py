@@ -37,7 +37,9 @@ from recipes import train as run_train  # noqa: E402
 
 import prepare  # noqa: E402
 from config import UserError, cli, load_config, option  # noqa: E402
+from tinygpt import dataset, textfiles  # noqa: E402
 from tinygpt.checkpoint import load_checkpoint  # noqa: E402
+from tinygpt.tokenizer import tokenizer_from_meta  # noqa: E402
 
 LICENSES = "/usr/share/common-licenses"
 
@@ -66,7 +68,7 @@ def other_text(path, out_dir):
         raise UserError(f"--text {path} not found{hint}; pass a text file of your own: --text=FILE")
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.is_symlink())
     joined = out_dir / f"{path.name}.txt"
-    joined.write_text("\n\n".join(prepare.read_text(p)[0].strip() for p in files) + "\n", encoding="utf-8")
+    joined.write_text("\n\n".join(textfiles.read_text(p)[0].strip() for p in files) + "\n", encoding="utf-8")
     return joined
 
 
@@ -101,9 +103,9 @@ def main(argv):
     data = out / "data"
     if prepare.main(["--input", str(text), "--out_dir", str(data)]) != 0:
         raise UserError(f"prepare.py failed on {text}")
-    meta = prepare.read_meta(data)
+    meta = dataset.read_meta(data)
     held_out = out / "held_out.txt"
-    held_out.write_text(prepare.tokenizer_from_meta(meta).decode(prepare.open_split(data, "val", meta)),
+    held_out.write_text(tokenizer_from_meta(meta).decode(dataset.open_split(data, "val", meta)),
                         encoding="utf-8")
 
     runs = {"fine-tuned": out / "finetuned", "scratch": out / "scratch"}

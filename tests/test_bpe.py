@@ -17,10 +17,12 @@ import torch
 
 import prepare
 import train
+from config import UserError
 from model import GPT, GPTConfig
+from tinygpt import dataset, textfiles
 from tinygpt.decoding import generate
 from tinygpt.settings import padded_vocab_size
-from tinygpt.tokenizer import TiktokenTokenizer, cut_point
+from tinygpt.tokenizer import TiktokenTokenizer, cut_point, tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared/data/tinyshakespeare/input.txt"
@@ -60,8 +62,8 @@ def prepare_bpe(path, encoding, out_dir):
 
 
 def read_tokens(out_dir):
-    meta = prepare.read_meta(out_dir)
-    ids = np.concatenate([prepare.open_split(out_dir, split, meta) for split in ("train", "val")])
+    meta = dataset.read_meta(out_dir)
+    ids = np.concatenate([dataset.open_split(out_dir, split, meta) for split in ("train", "val")])
     return meta, ids
 
 
@@ -85,7 +87,7 @@ def test_prepared_bpe_data_decodes_to_the_input(local_bpe, tmp_path):
     meta, ids = read_tokens(tmp_path / "d")
     assert (meta["tokenizer"], meta["encoding"], meta["vocab_size"]) == ("tiktoken", LOCAL, LOCAL_VOCAB)
     assert meta["train_tokens"] == int(len(ids) * 0.9)
-    tokenizer = prepare.tokenizer_from_meta(meta)
+    tokenizer = tokenizer_from_meta(meta)
     assert tokenizer.decode(ids) == text
     assert len(ids) < len(text.encode())  # the merges did merge
 
@@ -94,8 +96,8 @@ def test_bpe_ids_do_not_depend_on_chunk_size_or_threads(local_bpe, tmp_path, mon
     text = sample_text()
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
     whole = TiktokenTokenizer(local_bpe).encode(text)
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(prepare, "cpu_count", lambda: 3)
+    monkeypatch.setattr(textfiles, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(dataset, "cpu_count", lambda: 3)
     assert prepare_bpe(tmp_path / "in.txt", local_bpe, tmp_path / "d") == 0
     assert list(read_tokens(tmp_path / "d")[1]) == whole
 
@@ -197,7 +199,7 @@ def test_documents_are_separated_by_end_of_text(local_bpe, tmp_path):
         (docs / name).write_text(text)
     assert prepare.main(["--input", str(docs), "--tokenizer", local_bpe, "--out_dir", str(tmp_path / "d")]) == 0
     meta, ids = read_tokens(tmp_path / "d")
-    tokenizer = prepare.tokenizer_from_meta(meta)
+    tokenizer = tokenizer_from_meta(meta)
     assert list(ids).count(tokenizer.eot_token) == 1
     assert tokenizer.decode(ids) == texts["a.txt"] + EOT + texts["b.txt"]  # sorted by name; .md left out
     assert meta["documents"] == 2
@@ -212,7 +214,7 @@ def test_char_documents_are_separated_by_a_blank_line(tmp_path):
                          "--out_dir", str(tmp_path / "d")]) == 0
     meta, ids = read_tokens(tmp_path / "d")
     expected = "\n\n".join(Path(p).read_text().rstrip("\n") for p in paths) + "\n"
-    assert prepare.tokenizer_from_meta(meta).decode(ids) == expected
+    assert tokenizer_from_meta(meta).decode(ids) == expected
     assert meta["source"] == "a.txt, b.txt, c.txt"
 
 
@@ -222,7 +224,7 @@ def test_char_documents_are_separated_by_a_blank_line(tmp_path):
 def test_chunked_char_prepare_writes_the_same_bins_as_one_chunk(tmp_path, monkeypatch):
     (tmp_path / "in.txt").write_text(sample_text(), encoding="utf-8")  # has 2-, 3- and 4-byte characters
     assert prepare.main(["--input", str(tmp_path / "in.txt"), "--out_dir", str(tmp_path / "whole")]) == 0
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", 7)  # splits many characters' bytes between reads
+    monkeypatch.setattr(textfiles, "CHUNK_BYTES", 7)  # splits many characters' bytes between reads
     assert prepare.main(["--input", str(tmp_path / "in.txt"), "--out_dir", str(tmp_path / "chunked")]) == 0
     for name in ("train.bin", "val.bin", "meta.json"):
         assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "chunked" / name).read_bytes()
@@ -232,16 +234,16 @@ def test_chunked_char_prepare_writes_the_same_bins_as_one_chunk(tmp_path, monkey
 def test_invalid_utf8_split_between_reads_reports_its_offset(tmp_path, monkeypatch, capsys, chunk):
     # "é" is c3 a9; a c3 followed by "x" is invalid. With 3-byte reads the c3 ends the first read.
     (tmp_path / "in.txt").write_bytes(b"ab\xc3xyz" + b"more text" * 10)
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(textfiles, "CHUNK_BYTES", chunk)
     assert prepare.main(["--input", str(tmp_path / "in.txt"), "--out_dir", str(tmp_path / "d")]) == 2
     assert "byte 0xc3 at offset 2" in capsys.readouterr().err
 
 
 def test_truncated_character_at_the_end_reports_its_offset(tmp_path, monkeypatch):
     (tmp_path / "in.txt").write_bytes("plain text then é".encode()[:-1])
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", 5)
-    with pytest.raises(prepare.UserError, match="byte 0xc3 at offset 16"):
-        prepare.read_text(tmp_path / "in.txt")
+    monkeypatch.setattr(textfiles, "CHUNK_BYTES", 5)
+    with pytest.raises(UserError, match="byte 0xc3 at offset 16"):
+        textfiles.read_text(tmp_path / "in.txt")
 
 
 def test_a_failed_run_keeps_the_old_data_and_leaves_no_temporary_files(local_bpe, tmp_path, monkeypatch, capsys):
@@ -251,7 +253,7 @@ def test_a_failed_run_keeps_the_old_data_and_leaves_no_temporary_files(local_bpe
     before = {p.name: p.read_bytes() for p in out_dir.iterdir()}
     # BPE has no first pass: the bad byte is found after the first file is already encoded.
     (tmp_path / "bad.txt").write_bytes(b"fine at first, " * 1000 + b"\xff")
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", 1024)
+    monkeypatch.setattr(textfiles, "CHUNK_BYTES", 1024)
     args = ["--input", str(tmp_path / "good.txt"), "--input", str(tmp_path / "bad.txt")]
     assert prepare.main([*args, "--tokenizer", local_bpe, "--out_dir", str(out_dir)]) == 2
     assert "byte 0xff at offset 15000" in capsys.readouterr().err

@@ -17,7 +17,7 @@ import prepare
 import sample
 import train
 from tinygpt import checkpoint, gpt2, score
-from tinygpt.tokenizer import TiktokenTokenizer
+from tinygpt.tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
 transformers = pytest.importorskip("transformers", reason="the reference GPT-2: pip install -r requirements-dev.txt")
 
@@ -108,7 +108,7 @@ def test_score_reads_gpt2_too(hub_dir, tmp_path, capsys):
     (tmp_path / "text.txt").write_text("the theatre and the hand: then there, in the end. " * 2)
     assert score.main([f"--init_from={directory}", f"--input={tmp_path / 'text.txt'}", "--device=cpu"]) == 0
     printed = dict(line.split(": ") for line in capsys.readouterr().out.splitlines()[1:])
-    ids = torch.tensor([prepare.tokenizer_from_meta(gpt2.load(str(directory))[2]).encode(
+    ids = torch.tensor([tokenizer_from_meta(gpt2.load(str(directory))[2]).encode(
         (tmp_path / "text.txt").read_text())])
     assert ids.size(1) <= N_POSITIONS  # one window: the reference's own loss is the figure
     loss = reference(ids, labels=ids).loss.item()

@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 
 import prepare
+from config import UserError
+from tinygpt import textfiles
+from tinygpt.tokenizer import tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -54,7 +57,7 @@ def test_bins_decode_back_to_the_whole_text(tmp_path):
     (tmp_path / "input.txt").write_text(text, encoding="utf-8")
     assert prepare.main(["--input", str(tmp_path / "input.txt"), "--out_dir", str(tmp_path / "out")]) == 0
     meta = json.loads((tmp_path / "out" / "meta.json").read_text(encoding="utf-8"))
-    tokenizer = prepare.tokenizer_from_meta(meta)
+    tokenizer = tokenizer_from_meta(meta)
     train, val = load_split(tmp_path / "out", "train", meta), load_split(tmp_path / "out", "val", meta)
     assert len(train) + len(val) == len(text)  # one token per character
     assert len(val) == len(text) - int(len(text) * 0.9)
@@ -71,7 +74,7 @@ def test_tiny_shakespeare_gives_the_known_figures(tmp_path, capsys):
     meta = json.loads((tmp_path / "meta.json").read_text(encoding="utf-8"))
     assert (meta["vocab_size"], meta["train_tokens"], meta["val_tokens"]) == (65, 1_003_854, 111_540)
     assert meta["dtype"] == "uint16" and meta["tokenizer"] == "char"
-    assert meta["sha256"] == prepare.SHAKESPEARE_SHA256
+    assert meta["sha256"] == textfiles.SHAKESPEARE_SHA256
     assert (tmp_path / "train.bin").stat().st_size == 2 * 1_003_854
     assert (tmp_path / "val.bin").stat().st_size == 2 * 111_540
     assert "vocabulary of 65" in capsys.readouterr().out
@@ -136,7 +139,7 @@ def test_bad_input_is_one_error_line_and_leaves_out_dir_alone(prepared, tmp_path
 
 def test_bad_byte_offset_counts_from_the_start_of_the_file(tmp_path, monkeypatch, capsys):
     # Read in 7-byte pieces, so the bad byte lies many reads in and characters straddle reads.
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", 7)
+    monkeypatch.setattr(textfiles, "CHUNK_BYTES", 7)
     data = "é".encode() * 500 + b"\xff" + b"tail"
     assert prepare.main(["--input", write(tmp_path / "x.txt", data), "--out_dir", str(tmp_path / "out")]) == 2
     assert_one_error_line(capsys, "offset 1000", "0xff")
@@ -193,8 +196,8 @@ def test_download_with_the_wrong_checksum_saves_nothing(serve, tmp_path, capsys)
     assert_one_error_line(capsys, "sha256", "nothing was saved")
     assert not (out / "input.txt").exists()
     assert not out.exists() or not any(out.iterdir())
-    with pytest.raises(prepare.UserError, match="sha256"):
-        prepare.download_shakespeare(url, tmp_path / "direct" / "input.txt")
+    with pytest.raises(UserError, match="sha256"):
+        textfiles.download_shakespeare(url, tmp_path / "direct" / "input.txt")
     assert not (tmp_path / "direct").exists()
 
 
@@ -216,8 +219,8 @@ def test_default_out_dir_is_named_after_the_input(tmp_path, monkeypatch):
 def test_tiny_shakespeare_under_any_name_goes_where_the_presets_look(tmp_path, monkeypatch):
     # Stands in for Tiny Shakespeare: the test must not need the 1 MB file.
     data = b"To be, or not to be\n" * 50
-    monkeypatch.setattr(prepare, "SHAKESPEARE_BYTES", len(data))
-    monkeypatch.setattr(prepare, "SHAKESPEARE_SHA256", hashlib.sha256(data).hexdigest())
+    monkeypatch.setattr(textfiles, "SHAKESPEARE_BYTES", len(data))
+    monkeypatch.setattr(textfiles, "SHAKESPEARE_SHA256", hashlib.sha256(data).hexdigest())
     monkeypatch.chdir(tmp_path)
     (tmp_path / "input.txt").write_bytes(data)
     (tmp_path / "other.txt").write_bytes(data[:-1] + b"?")  # same size, another text

@@ -23,6 +23,7 @@ import prepare
 import sample
 import train
 from tinygpt import checkpoint, dataset, files, ladder, outdir
+from tinygpt.tokenizer import tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -202,7 +203,7 @@ def text_of(n_lines, word):
 def prepared_sha(out):
     """The sha256 of the text the complete data set in out was made from (else an error)."""
     meta, splits = dataset.load_data(out, 1)  # meta.json and the bins, all checked
-    head = prepare.tokenizer_from_meta(meta).decode(splits["train"][:40].tolist())
+    head = tokenizer_from_meta(meta).decode(splits["train"][:40].tolist())
     return meta["sha256"], head
 
 
@@ -331,7 +332,7 @@ def test_a_fifo_is_read_as_a_stream_not_taken_for_empty(tmp_path):
     assert prepare.main(["--input", str(tmp_path / "fifo"), "--out_dir", str(tmp_path / "set")]) == 0
     writer.join()
     meta, splits = dataset.load_data(tmp_path / "set", 1)
-    tokenizer = prepare.tokenizer_from_meta(meta)
+    tokenizer = tokenizer_from_meta(meta)
     assert tokenizer.decode(np.concatenate([splits["train"], splits["val"]]).tolist()) == text
     assert sorted(p.name for p in (tmp_path / "set").iterdir()) == ["meta.json", "train.bin", "val.bin"]
 

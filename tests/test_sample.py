@@ -12,6 +12,7 @@ from model import GPT, GPTConfig
 from tinygpt import decoding, prompts
 from tinygpt.decoding import KVCache, generate, sample_next, stream
 from tinygpt.textstream import TextStream, unescape
+from tinygpt.tokenizer import tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -218,8 +219,8 @@ def test_text_stream_holds_a_token_that_ends_inside_a_character_until_it_is_comp
 
 
 def test_an_empty_prompt_starts_from_a_newline_or_else_token_zero():
-    with_newline = prepare.tokenizer_from_meta({"tokenizer": "char", "vocab": ["\n", "a", "b"]})
-    without = prepare.tokenizer_from_meta({"tokenizer": "char", "vocab": ["a", "b"]})
+    with_newline = tokenizer_from_meta({"tokenizer": "char", "vocab": ["\n", "a", "b"]})
+    without = tokenizer_from_meta({"tokenizer": "char", "vocab": ["a", "b"]})
     assert prompts.encode_prompts([("", "--start", 1)], with_newline, "error") == [[0]]
     assert prompts.encode_prompts([("", "--start", 1), ("ba", "--start", 1)], without, "error") == [[0], [1, 0]]
 

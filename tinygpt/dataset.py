@@ -1,4 +1,4 @@
-"""A prepared data set as it is read: meta.json checked field by field, and the token
+"""A prepared data set as prepare.py writes it and train.py reads it: meta.json checked field by field, and the token
 files checked against it, so a damaged or hand-edited data set is one error line at
 the start of a run, not a crash at its end; then batches for training and evaluation.
 
@@ -10,13 +10,18 @@ the start of a run, not a crash at its end; then batches for training and evalua
 """
 
 import contextlib
+import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from config import UserError
+from tinygpt.textfiles import CHUNK_BYTES, read_chunks
+from tinygpt.tokenizer import cpu_count, cut_point
 
 META_FORMAT = 1
 DTYPES = ("uint16", "uint32")
@@ -179,3 +184,59 @@ def estimate_loss(model, splits, cfg, device, autocast, seed):
         out[name] = total / cfg.eval_iters
     model.train()
     return out
+
+
+# --- Writing ------------------------------------------------------------------------------------------
+
+
+def separator(tokenizer, previous):
+    """What goes between two documents: the end-of-text token, else a blank line."""
+    if getattr(tokenizer, "eot_token", None) is not None:
+        return np.array([tokenizer.eot_token], dtype=np.uint32)
+    return tokenizer.encode_array("\n" if previous.endswith("\n") else "\n\n")
+
+
+def encode_files(files, shown, tokenizer, dtype, out, bar=None):
+    """Writes the ids of the files, one document after another, to the open file out,
+    a chunk at a time. Returns (tokens, characters, sha256 of all the input bytes)."""
+    hasher, threads, n_tokens, n_chars, last = hashlib.sha256(), cpu_count(), 0, 0, ""
+
+    def write(ids):
+        nonlocal n_tokens
+        out.write(ids.astype(dtype, copy=False))
+        n_tokens += len(ids)
+
+    for i, path in enumerate(files):
+        if i:
+            write(separator(tokenizer, last))
+        carry = ""
+        for text in read_chunks(path, hasher, bar, shown.get(path)):
+            text = carry + text
+            # Cut at a word boundary, so that no BPE piece straddles two chunks.
+            cut = cut_point(text, len(text))
+            write(tokenizer.encode_array(text[:cut], threads))
+            n_chars, last, carry = n_chars + cut, text[-1], text[cut:]
+        write(tokenizer.encode_array(carry, threads))
+        n_chars += len(carry)
+    return n_tokens, n_chars, hasher.hexdigest()
+
+
+def split_off(out, path, offset):
+    """Moves what the open file out holds past offset into a new file at path, and syncs both."""
+    with open(path, "wb") as tail:
+        out.seek(offset)
+        shutil.copyfileobj(out, tail, CHUNK_BYTES)
+        out.truncate(offset)
+        for f in (out, tail):
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def split_point(n_tokens, val_fraction, source):
+    """How many tokens are for training: all but the last val_fraction of them."""
+    n_train = int(n_tokens * (1 - val_fraction))
+    if n_train < 2 or n_tokens - n_train < 2:
+        raise UserError(
+            f"{source} gives {n_tokens} tokens, too few to split into train and val at val_fraction "
+            f"{val_fraction}; use a longer text")
+    return n_train

@@ -1,0 +1,152 @@
+"""Reading the text files a user gives prepare.py, so that a bad one is one clear error line.
+
+    read_chunks           a UTF-8 file piece by piece: a NUL byte or invalid UTF-8 named with its offset
+    input_files           the files named, a directory standing for its *.txt
+    spool                 a pipe or FIFO copied to a regular file, to be read twice
+    download_shakespeare  Tiny Shakespeare, fetched once and checked by its sha256
+"""
+
+import codecs
+import hashlib
+import stat
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tqdm import tqdm
+
+from config import UserError
+from tinygpt.files import write_atomic, write_error
+
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_BYTES = 1_115_394
+CHUNK_BYTES = 1 << 23  # read and encode 8 MiB at a time
+
+
+def read_chunks(path, hasher=None, bar=None, shown=None):
+    """Yields the text of a UTF-8 file piece by piece, checking it on the way: the
+    UserError for a NUL byte or invalid UTF-8 gives its offset in the file, also when
+    a character's bytes are split between two reads. shown: the file's name in messages
+    (that of the pipe a spooled copy came from)."""
+    shown = Path(shown or path)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise UserError(f"input file {shown} not found") from None
+    except OSError as e:  # a directory, say, or no permission
+        raise UserError(f"cannot read input file {shown} ({e.strerror}); pass a readable text file") from None
+    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+    with f:
+        while data := f.read(CHUNK_BYTES):
+            if b"\x00" in data:
+                raise UserError(f"input file {shown} looks binary (NUL byte at offset {offset + data.index(0)}); "
+                                "pass a text file")
+            text = decode(decoder, data, offset, shown)
+            offset += len(data)
+            if hasher:
+                hasher.update(data)
+            if bar:
+                bar.update(len(data))
+            if text:  # empty when the read ended inside a character's bytes
+                yield text
+        if offset == 0:
+            raise UserError(f"input file {shown} is empty; pass a file with some text in it")
+        decode(decoder, b"", offset, shown, final=True)  # a character cut off by the end of the file
+
+
+def decode(decoder, data, offset, path, final=False):
+    try:
+        return decoder.decode(data, final=final)
+    except UnicodeDecodeError as e:
+        # e.start counts from the bytes the decoder held back from the last read.
+        at = offset - len(decoder.getstate()[0]) + e.start
+        raise UserError(f"input file {path} is not valid UTF-8 (byte {e.object[e.start]:#04x} at offset {at}); "
+                        "convert it, e.g. iconv -f latin1 -t utf-8") from None
+
+
+def read_text(path):
+    """The text of a UTF-8 file and its sha256, or a UserError saying what is wrong with it."""
+    hasher = hashlib.sha256()
+    return "".join(read_chunks(path, hasher)), hasher.hexdigest()
+
+
+def spool(path, dest):
+    """Copies a pipe, FIFO or /proc file (which says its size is 0, and may be read only
+    once) to the regular file dest, to be read like any other input."""
+    try:
+        src = open(path, "rb")
+    except OSError as e:
+        raise UserError(f"cannot read input file {path} ({e.strerror}); pass a readable text file") from None
+    with src, open(dest, "wb") as out:
+        while data := src.read(CHUNK_BYTES):
+            if b"\x00" in data:  # /dev/urandom, say, which would fill the disk
+                raise UserError(f"input file {path} looks binary (a NUL byte); pass a text file")
+            out.write(data)
+    return dest
+
+
+def regular_files(files, stage):
+    """(files, shown): each pipe, FIFO or /proc file among files spooled to a regular file in the
+    directory stage, to be read twice; shown maps each copy to the name it came from."""
+    files, shown = list(files), {}
+    for i, path in enumerate(files):
+        if not stat.S_ISREG(path.stat().st_mode):
+            files[i] = spool(path, stage / f"input{i}.spooled")
+            shown[files[i]] = path
+    return files, shown
+
+
+def input_files(inputs):
+    """The files to read, in order; a directory stands for its *.txt files, sorted."""
+    files = []
+    for name in map(Path, inputs):
+        if name.is_dir():
+            found = sorted(p for p in name.glob("*.txt") if p.is_file())
+            if not found:
+                raise UserError(f"input directory {name} has no .txt files; pass text files or a directory of them")
+            files += found
+        elif not name.exists():
+            raise UserError(f"input file {name} not found")
+        else:
+            files.append(name)
+    return files
+
+
+def is_shakespeare(path):
+    """Whether path is Tiny Shakespeare itself (only files of its size are hashed)."""
+    if path.stat().st_size != SHAKESPEARE_BYTES:
+        return False
+    return hashlib.sha256(path.read_bytes()).hexdigest() == SHAKESPEARE_SHA256
+
+
+def download_shakespeare(url, dest):
+    """Fetches Tiny Shakespeare into dest unless it is already there; checks its sha256."""
+    dest = Path(dest)
+    if dest.is_file():
+        return dest
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            data = response.read()
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise UserError(
+            f"could not download Tiny Shakespeare from {url} ({reason}); "
+            "if you are offline, pass a text file of your own: python prepare.py --input FILE") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != SHAKESPEARE_SHA256:
+        raise UserError(
+            f"the file downloaded from {url} has sha256 {digest[:12]}..., expected {SHAKESPEARE_SHA256[:12]}...; "
+            "nothing was saved. Try again later, or pass --input FILE")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(dest, data)
+    except OSError as e:
+        raise UserError(f"{write_error(dest, e)}; nothing was saved: free space or pick another --out_dir") from None
+    print(f"downloaded Tiny Shakespeare to {dest}")
+    return dest
+
+
+def progress(total, desc):
+    # No bar for what takes under a second (delay), nor when stderr is not a terminal (disable=None).
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, delay=1, disable=None)
