@@ -11,12 +11,10 @@ so every rung of the ladder is a model that trains (config/ladder/):
     Block               residual connections and pre-norm LayerNorm around both
     GPT                 embeddings, a stack of blocks, and the output head
 
-What sits beside that path (rotary and sinusoidal positions, additive scores, local
-windows, left-padding, the KV cache's plumbing, PyTorch's fused kernel, GPT-2's
-switches) comes after it, under "Beside the main path". Shapes: B batch, T time
-(positions), C channels (n_embd), H heads, hs head size, V vocabulary, S keys (T,
-or more when a KV cache holds earlier ones). Ids in, logits out: this file knows
-nothing of files, tokenizers, training or decoding.
+Rotary positions, additive scores, windows, padding, the KV cache's plumbing and the
+fused kernel come after that path, under "Beside the main path". Shapes: B batch, T
+time, C channels (n_embd), H heads, hs head size, V vocabulary, S keys (T, or more
+with a KV cache). Ids in, logits out: no files, tokenizers, training or decoding.
 """
 
 import math

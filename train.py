@@ -165,9 +165,10 @@ def set_up(cfg, sources, procs, lock):
         lock.acquire()  # out_dir is this run's from here on; nothing in it was touched before
         if version(Path(cfg.out_dir) / "ckpt.pt") != seen:  # another run wrote it while this one started
             ckpt = read_start(cfg, procs.device)
-            if ckpt is not None:
-                check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
-        start_log(cfg.out_dir, ckpt["iter"] if ckpt else 0)
+    if ckpt is not None:
+        check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
+    if procs.master:
+        start_log(cfg.out_dir, ckpt["iter"] if ckpt else 0)  # the first write into out_dir
     if ckpt is not None:
         restore_run(run, ckpt)
         procs.say(f"resuming {Path(cfg.out_dir) / 'ckpt.pt'} at iteration {run.it}")
@@ -179,10 +180,10 @@ def set_up(cfg, sources, procs, lock):
         step_s, eval_s = probe(run)
         elapsed = procs.agree_on((budget.process_age(),))[0]
         run.cfg, run.time_budget = time_budget.fit(run.cfg, step_s, eval_s, elapsed, procs.say), time_budget
-    c, sequences = run.cfg, run.cfg.batch_size * run.cfg.grad_accum * procs.world
+    c, ddp = run.cfg, f", DDP over {procs.backend}" if procs.backend else ""
     procs.say(f"{run.raw_model.num_params():,} parameters; {tokens_per_step(run):,} tokens per step: batch "
-              f"{c.batch_size} x grad_accum {c.grad_accum} x {procs.world} process(es) = {sequences} sequences of "
-              f"{c.block_size}; on {procs.device}, {c.dtype}" + (f", DDP over {procs.backend}" if procs.backend else ""))
+              f"{c.batch_size} x grad_accum {c.grad_accum} x {procs.world} process(es) = "
+              f"{c.batch_size * c.grad_accum * procs.world} sequences of {c.block_size}; on {procs.device}, {c.dtype}{ddp}")
     return run
 
 
@@ -206,8 +207,6 @@ def decide(cfg, sources, ckpt, source, data, procs):
         if time_budget is not None:
             time_budget.max_steps = max_steps
     check_settings(cfg, procs.device, data)
-    if ckpt is not None:
-        check_resumable(ckpt, model_config(cfg, meta["vocab_size"]), meta, cfg)
     return cfg, time_budget
 
 

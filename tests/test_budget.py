@@ -4,6 +4,7 @@ the best model by default, and where a run's files go when nobody says."""
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,20 @@ def test_the_command_line_overrides_the_rule(data_dir, tmp_path, clock):
     assert train.main(args) == 0
     saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
     assert (saved["n_layer"], saved["batch_size"], saved["max_iters"]) == (1, 3, 7)
+
+
+def test_the_probe_times_real_steps_and_leaves_the_model_as_it_was(data_dir, tmp_path, capsys, monkeypatch):
+    """No fake steps: the probe runs the run's own steps and evaluations, then puts everything back, so
+    the run's first evaluation is that of the untouched model (the same loss as a run without a budget)."""
+    started = time.monotonic()
+    monkeypatch.setattr(budget, "process_age", lambda: time.monotonic() - started)  # a fresh process's clock
+    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'b'}", "--max_time=4s"]) == 0
+    assert "time budget 4s:" in capsys.readouterr().out
+    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'p'}", "--max_iters=1"]) == 0
+    budgeted, plain = (read_log(tmp_path / run)[0] for run in ("b", "p"))
+    assert budgeted["iter"] == plain["iter"] == 0 and budgeted["val_loss"] == plain["val_loss"]
+    saved = checkpoint.load_checkpoint(tmp_path / "b" / "ckpt.pt")["train_config"]
+    assert saved["max_iters"] == saved["lr_decay_iters"] != 20  # fitted to the time, not tiny.toml's 20
 
 
 def test_a_preset_with_max_time_keeps_its_model_and_gets_steps_for_the_time(data_dir, tmp_path, clock):

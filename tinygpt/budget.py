@@ -291,26 +291,25 @@ def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None)
     return min(steps, max_steps or steps)
 
 
-def time_steps(cfg, splits, device, autocast, world, model, optimizer, scaler, train_step):
-    """(seconds per training step, seconds per evaluation with its checkpoints) of this model,
-    timed on a few real steps of train_step(model, optimizer, scaler, next_batch, x, y). The
-    model, optimizer and scaler are put back as they were, so the run starts as if untouched."""
-    raw = getattr(model, "module", model)  # under DDP
-    raw = getattr(raw, "_orig_mod", raw)  # under torch.compile
+def time_steps(run, train_step):
+    """(seconds per training step, seconds per evaluation with its checkpoints) of run (a train.Run),
+    timed on a few real steps of train_step(model, optimizer, scaler, next_batch, x, y). The model,
+    optimizer and scaler are put back as they were, so the run starts as if untouched."""
+    cfg, raw, optimizer, scaler = run.cfg, run.raw_model, run.optimizer, run.scaler
     saved = copy.deepcopy((raw.state_dict(), optimizer.state_dict(), scaler.state_dict()))
     rng = np.random.default_rng(cfg.seed)
-    batch = functools.partial(get_batch, splits["train"], cfg.batch_size, cfg.block_size, rng, device)
+    batch = functools.partial(get_batch, run.splits["train"], cfg.batch_size, cfg.block_size, rng, run.procs.device)
     x, y = batch()
 
     def step():
         nonlocal x, y
-        _, x, y = train_step(model, optimizer, scaler, batch, x, y)
+        _, x, y = train_step(run.model, optimizer, scaler, batch, x, y)
 
     def forward():
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), run.eval_autocast:
             raw(x, y)[1].item()
 
-    calls = 5 if world > 1 else None  # every process must run the same number of synchronized steps
+    calls = 5 if run.procs.world > 1 else None  # every process must run the same number of synchronized steps
     step_s = time_per_call(step, min_seconds=0.5, calls=calls)
     raw.eval()
     forward_s = time_per_call(forward, min_seconds=0.2, calls=calls)
@@ -322,7 +321,7 @@ def time_steps(cfg, splits, device, autocast, world, model, optimizer, scaler, t
     optimizer.load_state_dict(saved[1])
     scaler.load_state_dict(saved[2])
     optimizer.zero_grad(set_to_none=True)
-    eval_tokens = 2 * (cfg.eval_iters * cfg.batch_size * cfg.block_size or len(splits["val"]))  # val, and train
+    eval_tokens = 2 * (cfg.eval_iters * cfg.batch_size * cfg.block_size or len(run.splits["val"]))  # val, train
     return step_s, eval_tokens / (cfg.batch_size * cfg.block_size) * forward_s + save_s
 
 
