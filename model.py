@@ -73,10 +73,9 @@ def tril_mask(T, S, device=None):
 
 
 class CausalAverage(nn.Module):
-    """Each position becomes the mean of itself and every earlier position, the simplest way
-    for a token to hear of its past. Scores are 0 where a position may look and -inf where
-    it may not; a softmax over each row turns them into 1/(t+1). No parameters: every
-    earlier token counts the same."""
+    """Each position becomes the mean of itself and every earlier position: the simplest way for a
+    token to hear of its past. Scores are 0 where a position may look and -inf where it may not; a
+    softmax over each row turns them into 1/(t+1). No parameters: every earlier token counts the same."""
 
     def forward(self, x, ctx):
         B, T, C = x.shape
@@ -287,16 +286,14 @@ class GPT(nn.Module):
 
 
 # --- Beside the main path ---------------------------------------------------------------------
-# What the lesson calls by name: where each token is and which keys it may see (Context: rotary
-# angles, local windows, left-padding, a KV cache), PyTorch's fused attention, additive scores,
-# and the checks of a config.
+# What the lesson calls by name: Context (positions, rotary angles, windows, padding, the KV cache),
+# PyTorch's fused attention, additive scores, and the checks of a config.
 
 
 class Context:
-    """What attention reads besides x, made once per forward pass. pos: each token's position,
-    (T,) or (B, T). mask: which keys each query may see, (T, S) or (B, 1, T, S); None is plainly
-    causal, built where it is needed. rope: the rotary angles (cos, sin), or None. cache: a
-    tinygpt.decoding.KVCache holding earlier positions' keys and values, or None."""
+    """What attention reads besides x, made once per forward pass. pos: each token's position, (T,) or
+    (B, T). mask: the keys each query may see, (T, S) or (B, 1, T, S); None: plainly causal. rope: the
+    rotary angles (cos, sin) or None. cache: a tinygpt.decoding.KVCache of earlier positions, or None."""
 
     def __init__(self, pos=None, mask=None, rope=None, cache=None):
         self.pos, self.mask, self.rope, self.cache = pos, mask, rope, cache
@@ -385,5 +382,4 @@ def check_config(config):
     if not 0 <= config.window <= config.block_size:
         raise ValueError(f"window must be 0 (all keys) to block_size ({config.block_size}), got {config.window}")
     if config.real_vocab_size is not None and not 1 <= config.real_vocab_size <= config.vocab_size:
-        raise ValueError(f"real_vocab_size must be 1 to vocab_size ({config.vocab_size}), got "
-                         f"{config.real_vocab_size}")
+        raise ValueError(f"real_vocab_size must be 1 to vocab_size ({config.vocab_size}), got {config.real_vocab_size}")

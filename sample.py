@@ -56,14 +56,6 @@ class SampleConfig:
     kv_cache: bool = option(True, "keep earlier positions' keys and values (false: recompute the context each token)")
 
 
-def check_config(cfg):
-    """What the options' ranges (checked by load_config) cannot say."""
-    if cfg.start and cfg.prompts:
-        raise UserError("--start and --prompts were both given; use one of them")
-    if "" in cfg.stop:
-        raise UserError("--stop is empty; give the text that ends a sample, e.g. --stop='\\n\\n'")
-
-
 def write(text):
     print(text, end="", flush=True)  # flushed, so each token shows as soon as it exists
     if stdout_lost():  # the reader went away (| head): no one to generate for
@@ -103,7 +95,10 @@ def print_samples(model, rows, cfg, tokenizer, top_k, generator):
 @cli
 def main(argv):
     cfg = load_config(SampleConfig, argv, "sample.py", __doc__.strip().splitlines()[0])
-    check_config(cfg)
+    if cfg.start and cfg.prompts:
+        raise UserError("--start and --prompts were both given; use one of them")
+    if "" in cfg.stop:
+        raise UserError("--stop is empty; give the text that ends a sample, e.g. --stop='\\n\\n'")
     device = check_device(pick_device(cfg.device))
     device_type = torch.device(device).type
     prompts = read_prompts(cfg.start, cfg.prompts)

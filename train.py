@@ -22,15 +22,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from config import UserError, cli, load_config, option
-from model import GPT, MIXERS, POSITIONS
+from model import GELUS, GPT, MIXERS, POSITIONS, SCORES
 from tinygpt import budget
 from tinygpt.checkpoint import read_start, restore_run, run_state, save_checkpoint
-from tinygpt.dataset import estimate_loss, get_batch, load_data
+from tinygpt.dataset import estimate_loss, load_data, step_seed, train_batches
 from tinygpt.device import autocast, maybe_compile, peak_flops, pick_dtype
 from tinygpt.distributed import Processes, end_processes, start_processes
 from tinygpt.files import version
@@ -62,10 +61,8 @@ class TrainConfig:
     pos: str = option("learned", "position encoding: learned, sinusoidal, rope (rotary) or none", choices=POSITIONS)
     tie_weights: bool = option(True, "output head shares the token embedding matrix")
     fused_attention: bool = option(True, "use F.scaled_dot_product_attention (False: the written-out math)")
-    gelu: str = option("exact", "the feed-forward's GELU: exact, or tanh (GPT-2's approximation)",
-                       choices=("exact", "tanh"))
-    score: str = option("dot", "how a query scores a key (head, multihead): dot (scaled dot product) or additive",
-                        choices=("dot", "additive"))
+    gelu: str = option("exact", "the feed-forward's GELU: exact, or tanh (GPT-2's approximation)", choices=GELUS)
+    score: str = option("dot", "how a query scores a key (head, multihead): dot product, or additive", choices=SCORES)
     window: int = option(0, "each query sees only its window newest keys, itself included (0: all of them)", low=0)
     # optimization
     batch_size: int = option(64, "sequences per micro-batch, in each process", low=1)
@@ -81,23 +78,21 @@ class TrainConfig:
     grad_clip: float = option(1.0, "clip the gradient norm to this (0: no clipping)", low=0)
     optimizer: str = option("adamw", "adamw, or muon: Muon for the matrices inside the blocks, AdamW for the rest",
                             choices=("adamw", "muon"))
-    muon_lr: float = option(0.01, "Muon's peak learning rate, on the same warmup and decay as learning_rate",
-                           above=0)
+    muon_lr: float = option(0.01, "Muon's peak learning rate, on learning_rate's warmup and decay", above=0)
     muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum", low=0, below=1)
     muon_ns_steps: int = option(5, "Newton-Schulz steps per Muon update", low=1)
     muon_weight_decay: float = option(0.0, "Muon's weight decay", low=0)
     # evaluation and logging
     max_time: str = option("", "a time budget for the whole run, e.g. 90s, 5m, 2h: the steps are fitted to it"
                                 f" (empty: {budget.DEFAULT_BUDGET} if neither a preset nor --max_iters sets the steps)")
-    patience: int = option(5, "stop early when val loss has not improved for this many evaluations (0: never)",
-                           low=0)
+    patience: int = option(5, "stop when val loss has not improved for this many evaluations (0: never)", low=0)
     eval_interval: int = option(250, "evaluate and checkpoint every this many steps", low=1)
     eval_iters: int = option(200, "batches per loss estimate (0: the whole val split, deterministically)", low=0)
     log_interval: int = option(10, "write a log line every this many steps", low=1)
     # system
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
-    dtype: str = option("auto", "auto (CUDA: bf16, else fp16; CPU: fp32), float32, bfloat16, float16",
-                        choices=("auto", "float32", "bfloat16", "float16"))
+    dtype: str = option("auto", "auto (CUDA: bf16, else fp16; CPU: bf16 where timed faster, else fp32), float32, "
+                        "bfloat16, float16", choices=("auto", "float32", "bfloat16", "float16"))
     compile: bool = option(False, "torch.compile the model")
     seed: int = option(1337, "random seed", low=0, high=2**63 - 1)
 
@@ -180,10 +175,11 @@ def set_up(cfg, sources, procs, lock):
         step_s, eval_s = probe(run)
         elapsed = procs.agree_on((budget.process_age(),))[0]
         run.cfg, run.time_budget = time_budget.fit(run.cfg, step_s, eval_s, elapsed, procs.say), time_budget
-    c, ddp = run.cfg, f", DDP over {procs.backend}" if procs.backend else ""
+    c, sequences = run.cfg, run.cfg.batch_size * run.cfg.grad_accum * procs.world
+    ddp = f", DDP over {procs.backend}" if procs.backend else ""
     procs.say(f"{run.raw_model.num_params():,} parameters; {tokens_per_step(run):,} tokens per step: batch "
-              f"{c.batch_size} x grad_accum {c.grad_accum} x {procs.world} process(es) = "
-              f"{c.batch_size * c.grad_accum * procs.world} sequences of {c.block_size}; on {procs.device}, {c.dtype}{ddp}")
+              f"{c.batch_size} x grad_accum {c.grad_accum} x {procs.world} process(es) = {sequences} sequences "
+              f"of {c.block_size}; on {procs.device}, {c.dtype}{ddp}")
     return run
 
 
@@ -201,7 +197,7 @@ def decide(cfg, sources, ckpt, source, data, procs):
         cfg = finetune_settings(source, cfg, meta)
     elif ckpt is None and not has_preset(sources):
         seconds = time_budget.seconds if time_budget else budget.parse_duration(budget.DEFAULT_BUDGET)
-        measure = functools.partial(probe_settings, data=data, procs=procs)
+        measure = functools.partial(probe_built, data=data, procs=procs)  # each model the sizing considers
         cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
                                               meta["vocab_size"], seconds, measure, procs.say)
         if time_budget is not None:
@@ -231,8 +227,7 @@ def probe(run):
     return run.procs.agree_on(budget.time_steps(run, step))
 
 
-def probe_settings(cfg, data, procs):
-    """probe() of a model built for cfg, then dropped: how fast a model the sizing considers trains."""
+def probe_built(cfg, data, procs):  # probe() of a model built for cfg, then dropped
     return probe(build(cfg, data, procs))
 
 
@@ -246,11 +241,12 @@ def tokens_per_step(run):
 def train(run):
     """The loop, in its natural order: the learning rate; an evaluation and checkpoint when due; forward
     and backward over the micro-batches; clip; step; log. Returns the exit code."""
-    batches = train_batches(run)
+    batches = train_batches(run.splits["train"], run.cfg, run.procs.rank, run.it, run.procs.device)
     x, y = next(batches)
     times = budget.LoopTimes(run.it)  # the loop's own step and evaluation times, for the budget
     stop_early = bool(run.cfg.patience and run.bad_evals >= run.cfg.patience)  # a resumed run that had stopped
     bar = tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None, dynamic_ncols=True)
+    signum = None  # a signal that arrived during a step: it ends the run after that step
     with terminal.StopRequested() as stop, bar:
         while True:
             eval_due = (run.it % run.cfg.eval_interval == 0 or run.it == run.cfg.max_iters) and run.it != run.evaluated
@@ -276,9 +272,9 @@ def train(run):
             run.it += 1
             log_step(run, loss, lr, bar)
             if stop.signum is not None:
-                return save_and_stop(run, stop.signum, bar)
-    finish(run)
-    return 0
+                signum = stop.signum
+                break
+    return finish(run, signum)
 
 
 def get_lr(it, cfg):
@@ -329,22 +325,6 @@ def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg)
     return loss.item() * accum, x, y  # .item() waits for the device, so step timings are honest
 
 
-def train_batches(run):
-    """This process's micro-batches, grad_accum a step, from step run.it on."""
-    it = run.it
-    while True:
-        rng = np.random.default_rng(step_seed(run.cfg.seed, run.procs.rank, it))
-        for _ in range(run.cfg.grad_accum):
-            yield get_batch(run.splits["train"], run.cfg.batch_size, run.cfg.block_size, rng, run.procs.device)
-        it += 1
-
-
-def step_seed(seed, rank, it):
-    """The seed of step `it` on process `rank`, for its batches and dropout masks. Derived afresh
-    each step, so a resumed run, on any number of processes, draws what an uninterrupted one would."""
-    return int(np.random.SeedSequence((seed, rank, it)).generate_state(1)[0])
-
-
 def log_step(run, loss, lr, bar):
     """A failed step ends the run; a good one moves the bar, and every log_interval steps is logged."""
     # fp16's GradScaler skips steps whose gradients overflow; that is not a failure. A non-finite
@@ -367,24 +347,23 @@ def log_step(run, loss, lr, bar):
         append_record(run.cfg.out_dir, record)
 
 
-def save_and_stop(run, signum, bar):
-    """After a signal (Ctrl-C, SIGTERM, a hangup): the step is done; ckpt.pt keeps it."""
-    bar.close()
-    if run.procs.master:
-        save_checkpoint(run_state(run, None), Path(run.cfg.out_dir) / "ckpt.pt")
-        print(f"stopped by {signal.Signals(signum).name} at iteration {run.it}; saved "
-              f"{Path(run.cfg.out_dir) / 'ckpt.pt'} (continue with --init_from=resume)")
-    return 128 + signum
-
-
-def finish(run):
-    c = run.cfg
+def finish(run, signum=None):
+    """The run's last words and its exit code: stopped by a signal (ckpt.pt saved at this step, to
+    continue from), stopped early (no better val loss for --patience evaluations), or done."""
+    c, ckpt = run.cfg, Path(run.cfg.out_dir) / "ckpt.pt"
+    if signum is not None:
+        if run.procs.master:
+            save_checkpoint(run_state(run, None), ckpt)
+        run.procs.say(f"stopped by {signal.Signals(signum).name} at iteration {run.it}; saved {ckpt} "
+                      "(continue with --init_from=resume)")
+        return 128 + signum
     if run.it < c.max_iters:
         run.procs.say(f"stopped early at iteration {run.it}: val loss has not improved for {run.bad_evals} "
                       f"evaluations (--patience={c.patience}); the best model is in {Path(c.out_dir) / 'best.pt'}")
     median = sorted(run.step_ms)[len(run.step_ms) // 2] if run.step_ms else 0.0
     run.procs.say(f"done: {run.it} iterations, best val loss {run.best_val:.4f}, median {median:.1f} ms/iter; "
                   f"checkpoints in {c.out_dir}")
+    return 0
 
 
 if __name__ == "__main__":

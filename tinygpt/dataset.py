@@ -137,6 +137,21 @@ def get_batch(data, batch_size, block_size, rng, device):
     return x.to(device), y.to(device)
 
 
+def train_batches(data, cfg, rank, it, device):
+    """One process's training batches, grad_accum a step, from step it on: each step's drawn afresh
+    from its own seed, so a resumed run, on any number of processes, draws what an uninterrupted one would."""
+    while True:
+        rng = np.random.default_rng(step_seed(cfg.seed, rank, it))
+        for _ in range(cfg.grad_accum):
+            yield get_batch(data, cfg.batch_size, cfg.block_size, rng, device)
+        it += 1
+
+
+def step_seed(seed, rank, it):
+    """The seed of step `it` on process `rank`, for its batches and dropout masks."""
+    return int(np.random.SeedSequence((seed, rank, it)).generate_state(1)[0])
+
+
 @torch.no_grad()
 def mean_loss(model, ids, block_size, batch_size, device, autocast=None):
     """The mean next-token loss, in nats, of every token of ids (a 1-D array) after the first.
