@@ -36,7 +36,7 @@ from tinygpt.files import version
 from tinygpt.optim import configure_optimizer
 from tinygpt.outdir import RunLock, append_record, start_log
 from tinygpt.settings import check_resumable, check_settings, has_preset, model_config, resumed_config, run_out_dir
-from tinygpt.weights import finetune_settings, load_into, load_source
+from tinygpt.weights import finetune_settings, load_into, load_weights
 
 
 @dataclass
@@ -151,11 +151,11 @@ def set_up(cfg, sources, procs, lock):
     if procs.master:
         lock.check_free()  # another run into out_dir is named now, not taken for a finished one
     seen = version(Path(cfg.out_dir) / "ckpt.pt")
-    source = load_source(cfg.init_from, cfg.out_dir) if cfg.init_from not in ("scratch", "resume") else None
+    weights = load_weights(cfg.init_from, cfg.out_dir) if cfg.init_from not in ("scratch", "resume") else None
     ckpt = read_start(cfg, procs.device)
-    cfg, time_budget = decide(cfg, sources, ckpt, source, data, procs)
-    run = build(cfg, data, procs, source)
-    del source  # the copy is in the model: GPT-2's weights need not stay twice in memory
+    cfg, time_budget = decide(cfg, sources, ckpt, weights, data, procs)
+    run = build(cfg, data, procs, weights)
+    del weights  # the copy is in the model: GPT-2's weights need not stay twice in memory
     if procs.master:
         lock.acquire()  # out_dir is this run's from here on; nothing in it was touched before
         if version(Path(cfg.out_dir) / "ckpt.pt") != seen:  # another run wrote it while this one started
@@ -183,7 +183,7 @@ def set_up(cfg, sources, procs, lock):
     return run
 
 
-def decide(cfg, sources, ckpt, source, data, procs):
+def decide(cfg, sources, ckpt, weights, data, procs):
     """(cfg as the run will train, its time budget or None). A resumed run keeps the settings it started
     with; fine-tuning takes the model's shape from its weights; with no preset the model and batch are
     sized for the data and the budget. The dtype is picked here (auto on a CPU: measured) and kept."""
@@ -193,8 +193,8 @@ def decide(cfg, sources, ckpt, source, data, procs):
     dtype = pick_dtype(cfg.dtype, procs.device_type, training=True)
     cfg = dataclasses.replace(cfg, dtype=str(dtype).removeprefix("torch."))
     time_budget = budget.Budget.of(cfg, sources) if ckpt is None else None
-    if ckpt is None and source is not None:
-        cfg = finetune_settings(source, cfg, meta)
+    if ckpt is None and weights is not None:
+        cfg = finetune_settings(weights, cfg, meta)
     elif ckpt is None and not has_preset(sources):
         seconds = time_budget.seconds if time_budget else budget.parse_duration(budget.DEFAULT_BUDGET)
         measure = functools.partial(probe_built, data=data, procs=procs)  # each model the sizing considers
@@ -206,14 +206,14 @@ def decide(cfg, sources, ckpt, source, data, procs):
     return cfg, time_budget
 
 
-def build(cfg, data, procs, source=None):
-    """A new Run of cfg on procs.device: its model (seeded; holding source's weights to fine-tune
-    them), the optimizer and the gradient scaler."""
+def build(cfg, data, procs, weights=None):
+    """A new Run of cfg on procs.device: its model (seeded, or holding the weights to fine-tune), the
+    optimizer and the gradient scaler."""
     meta, splits = data
     torch.manual_seed(cfg.seed)
     model = GPT(model_config(cfg, meta["vocab_size"]))
-    if source is not None:
-        procs.say(load_into(model, source, meta))
+    if weights is not None:
+        procs.say(load_into(model, weights, meta))
     model = model.to(procs.device)
     optimizer = configure_optimizer(model, cfg, procs.device_type)
     scaler = torch.amp.GradScaler(procs.device_type, enabled=cfg.dtype == "float16")

@@ -15,7 +15,7 @@
    (--init_from) and training from scratch, each for --iters steps, each
    evaluating the whole val split every --eval_interval steps (eval_iters=0).
 4. A table of steps and seconds to --target (0: the best val loss the scratch
-   run reaches) for both, then score.py's bits per character on the held-out
+   run reaches) for both, then python -m tinygpt.score's bits per character on the held-out
    text for the base, the fine-tuned and the scratch model.
 
 Seconds are the logged step times summed up to the first evaluation at or below
@@ -73,8 +73,8 @@ def other_text(path, out_dir):
 
 
 def bits_per_character(score_args, held_out):
-    """score.py's figure for one model on the held-out text (characters it never saw dropped)."""
-    cmd = [sys.executable, "score.py", f"--input={held_out}", "--unknown=skip", *score_args]
+    """python -m tinygpt.score's figure for one model on the held-out text (characters it never saw dropped)."""
+    cmd = [sys.executable, "-m", "tinygpt.score", f"--input={held_out}", "--unknown=skip", *score_args]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
         raise UserError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
@@ -126,7 +126,7 @@ def main(argv):
         print(f"| {name} | {s['val'][0]:.4f} | {fmt(s['val'].get(cfg.iters), '.4f')} | {fmt(s['reached'], 'd')} "
               f"| {fmt(s['seconds'], '.1f')} | {s['ms']:.1f} |")
 
-    print(f"\nscore.py on the held-out text ({held_out}):\n")
+    print(f"\npython -m tinygpt.score on the held-out text ({held_out}):\n")
     print("| model | bits per character |")
     print("|---|---:|")
     for name, args in (("Tiny Shakespeare (base)", [f"--out_dir={base.parent}", f"--checkpoint={base.name}"]),
@@ -136,7 +136,7 @@ def main(argv):
     known = set(load_checkpoint(base)["meta"]["vocab"])
     unseen = [ch for ch in held_out.read_text(encoding="utf-8") if ch not in known]
     print(f"\nThe base model never saw {len(set(unseen))} of the held-out text's characters ({len(unseen):,} of its "
-          f"{meta['val_tokens']:,}); score.py dropped them for its figure (--unknown=skip).")
+          f"{meta['val_tokens']:,}); tinygpt.score dropped them for its figure (--unknown=skip).")
     return 0
 
 

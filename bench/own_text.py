@@ -164,7 +164,7 @@ def train_args(run, data_dir, run_dir, cfg):
 
 @torch.no_grad()
 def whole_val_loss(run_dir, data_dir):
-    """Mean loss per token of run_dir/best.pt on the whole val split, as score.py scores a file."""
+    """Mean loss per token of run_dir/best.pt on the whole val split, as python -m tinygpt.score scores a file."""
     ckpt = load_checkpoint(run_dir / "best.pt")
     model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
     model.load_state_dict(ckpt["model"])

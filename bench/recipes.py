@@ -77,7 +77,8 @@ def train(args, run_dir, cfg):
     env = {**os.environ, **({"OMP_NUM_THREADS": str(cfg.threads)} if cfg.threads else {})}
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     with open(run_dir / "stdout.txt", "w") as out:
-        code = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, stdout=out,
+                              stderr=subprocess.STDOUT).returncode
     if code != 0:
         raise UserError(f"{' '.join(cmd)} failed (exit {code}); see {run_dir / 'stdout.txt'}")
 

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import train
 from config import UserError, cli
 from model import GPT
-from prepare import read_meta
 from tinygpt import budget, settings
+from tinygpt.dataset import read_meta
 from tinygpt.device import pick_device
 
 

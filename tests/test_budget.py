@@ -323,7 +323,8 @@ def test_a_presets_out_dir_holds_only_with_its_own_data(tmp_path):
     preset = tmp_path / "p.toml"
     preset.write_text('data_dir = "data/a"\nout_dir = "out/p"\n')
     for argv, expected in [([str(preset)], "out/p"), ([str(preset), "--data_dir=data/b"], "out/b"),
-                           ([str(preset), "--data_dir=data/b", "--out_dir=mine"], "mine"), ([], "out/shakespeare_char")]:
+                           ([str(preset), "--data_dir=data/b", "--out_dir=mine"], "mine"),
+                           ([], "out/shakespeare_char")]:
         sources = {}
         cfg = train.load_config(train.TrainConfig, argv, sources=sources)
         assert settings.run_out_dir(cfg, sources) == expected

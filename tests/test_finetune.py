@@ -116,7 +116,7 @@ def test_bpe_data_of_the_same_encoding_just_works(small_gpt2, tmp_path):
                              "--out_dir", str(tmp_path / name)]) == 0
     assert train.main([TINY, f"--data_dir={tmp_path / 'a'}", f"--out_dir={tmp_path / 'base'}", "--max_iters=2"]) == 0
     assert finetune(tmp_path / "base" / "ckpt.pt", tmp_path / "b", tmp_path / "ft", "--max_iters=0") == 0
-    old, new = (checkpoint.load_checkpoint(p)["model"] for p in (tmp_path / "base" / "ckpt.pt", tmp_path / "ft" / "ckpt.pt"))
+    old, new = (checkpoint.load_checkpoint(tmp_path / run / "ckpt.pt")["model"] for run in ("base", "ft"))
     assert all(torch.equal(new[name], old[name]) for name in old)
     assert finetune(tmp_path / "base" / "ckpt.pt", tmp_path / "b", tmp_path / "ft2", "--max_iters=3") == 0
 

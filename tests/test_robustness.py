@@ -84,7 +84,8 @@ def test_a_run_into_an_out_dir_in_use_exits_2_naming_the_holder_and_writes_nothi
 
 
 def test_a_lock_left_by_a_killed_run_is_taken_over(data_dir, tmp_path):
-    die_holding_it = "import os, signal, sys; from tinygpt import outdir; outdir.RunLock(sys.argv[1]).acquire(); os.kill(os.getpid(), 9)"
+    die_holding_it = ("import os, sys; from tinygpt import outdir; "
+                      "outdir.RunLock(sys.argv[1]).acquire(); os.kill(os.getpid(), 9)")
     dead = subprocess.Popen([sys.executable, "-c", die_holding_it, str(tmp_path)], cwd=ROOT, env=ENV)
     assert dead.wait(timeout=60) == -signal.SIGKILL
     assert (tmp_path / "lock").read_text().strip() == str(dead.pid)  # the lock file, naming a dead run

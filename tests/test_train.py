@@ -100,7 +100,8 @@ def test_torchrun_trains_with_ddp_on_cpu(data_dir, tmp_path, processes):
     assert result.returncode == 0, result.stderr[-2000:]
     # batch_size and grad_accum are per process: the preset's batch of 8 runs in each process;
     # under torchrun the process group is made even for one process (NCCL's path on a GPU)
-    assert f"batch 8 x grad_accum 1 x {processes} process(es) = {8 * processes} sequences of 16; on cpu" in result.stdout
+    sequences = f"batch 8 x grad_accum 1 x {processes} process(es) = {8 * processes} sequences of 16; on cpu"
+    assert sequences in result.stdout
     assert "DDP over gloo" in result.stdout
     log = read_log(tmp_path)
     assert [r["iter"] for r in log if "val_loss" in r] == [0, 3, 6]  # only rank 0 writes

@@ -180,7 +180,7 @@ def mean_loss(model, ids, block_size, batch_size, device, autocast=None):
 def estimate_loss(model, splits, cfg, device, autocast, seed):
     """Mean loss per split. eval_iters > 0: that many random batches (seeded, so the
     training data order is untouched). eval_iters = 0: every token of the val split,
-    scored as score.py scores a file (mean_loss), and as many train tokens from the
+    scored as python -m tinygpt.score scores a file (mean_loss), and as many train tokens from the
     train split's start."""
     model.eval()
     out = {}

@@ -1,8 +1,8 @@
 """Trains every rung of the ladder (config/ladder/*.toml) on one budget, and tabulates them.
 
-    python -m tinygpt.ladder                   # the CPU budget (the presets as written): rungs 1-8 under 30 minutes on 2 cores
-    python -m tinygpt.ladder --budget=gpu      # the 5000-step reference settings (block 256, 384 wide)
-    python -m tinygpt.ladder --rungs=3,4 --max_iters=500 --lr_decay_iters=500 --out=out/try   # train.py options pass through
+    python -m tinygpt.ladder                 # the CPU budget (the presets as written): rungs 1-8 in 30 minutes, 2 cores
+    python -m tinygpt.ladder --budget=gpu    # the 5000-step reference settings (block 256, 384 wide)
+    python -m tinygpt.ladder --rungs=3,4 --max_iters=500 --lr_decay_iters=500 --out=out/try   # train.py's options
 
 Each rung trains with train.py into OUT/RUNG, in a process of its own so that its
 peak memory is its own. Then the table (rung, parameters, final train and val loss,
@@ -84,7 +84,7 @@ def split_args(argv):
             own.append(arg)
             continue
         if not arg.startswith("--"):
-            raise UserError(f"command line: unexpected {arg!r}; ladder.py trains config/ladder/*.toml and "
+            raise UserError(f"command line: unexpected {arg!r}; the ladder trains config/ladder/*.toml and "
                             "takes only --key=value options (python -m tinygpt.ladder --help)")
         name, has_value, _ = arg[2:].partition("=")
         name = name.replace("-", "_")
@@ -92,7 +92,7 @@ def split_args(argv):
             raise UserError(f"command line: the ladder sets --{name} itself; use --out for the directory "
                             "and --force to train again")
         if name not in own_fields and name not in train_fields:
-            raise UserError(f"command line: unknown key {name!r}: neither a ladder.py option "
+            raise UserError(f"command line: unknown key {name!r}: neither a ladder option "
                             f"({', '.join(own_fields)}) nor a train.py one (python train.py --help)")
         dest = own if name in own_fields else overrides
         dest.append(arg)
@@ -195,7 +195,8 @@ def train_rung(args, out_dir, resuming):
 
 
 # The child process: python -c CHILD ROOT TRAIN.PY-ARGS; train_child runs in it.
-CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from tinygpt import ladder; sys.exit(ladder.train_child(sys.argv[2:]))"
+CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from tinygpt import ladder; "
+         "sys.exit(ladder.train_child(sys.argv[2:]))")
 
 
 def train_child(args):

@@ -1,8 +1,8 @@
 """Draws training runs: loss curves, and attention weights.
 
     python -m tinygpt.plot losses out/ladder/06_residual out/ladder/07_layernorm --out=losses.png
-    python -m tinygpt.plot attention --out_dir=out/shakespeare_char_cpu --prompt="ROMEO: But soft" --out=attention.png
-    python -m tinygpt.plot attention out/ladder/04_multihead out/ladder/04b_multihead_additive --prompt="ROMEO: But soft"
+    python -m tinygpt.plot attention --out_dir=out/shakespeare_char_cpu --prompt="ROMEO: But soft" --out=a.png
+    python -m tinygpt.plot attention out/ladder/04_multihead out/ladder/04b_multihead_additive --prompt="ROMEO:"
     python -m tinygpt.plot losses --help
 
 losses     train and val loss against the step, from each run's OUT_DIR/log.jsonl
@@ -56,7 +56,8 @@ def pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UserError("plot.py draws with matplotlib, which is not installed: pip install matplotlib") from None
+        raise UserError("python -m tinygpt.plot draws with matplotlib, which is not installed: "
+                        "pip install matplotlib") from None
     matplotlib.use("Agg")  # files only: no display needed, none opened
     import matplotlib.pyplot as plt
 
@@ -287,17 +288,19 @@ def name_positionals(args, field):
 @cli
 def main(argv):
     if not argv:
-        raise UserError("name what to draw: python -m tinygpt.plot losses OUT_DIR ..., or python -m tinygpt.plot attention "
-                        "--out_dir=DIR --prompt=TEXT (python -m tinygpt.plot --help)")
+        raise UserError("name what to draw: python -m tinygpt.plot losses OUT_DIR ..., or python -m tinygpt.plot "
+                        "attention --out_dir=DIR --prompt=TEXT (python -m tinygpt.plot --help)")
     if argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
     what, rest = argv[0], argv[1:]
     if what not in COMMANDS:
-        raise UserError(f"plot.py draws losses or attention, not {what!r}; e.g. python -m tinygpt.plot losses OUT_DIR")
+        raise UserError(f"python -m tinygpt.plot draws losses or attention, not {what!r}; e.g. python -m "
+                        "tinygpt.plot losses OUT_DIR")
     cls, draw, positional, usage = COMMANDS[what]
     if "-h" in rest or "--help" in rest:
-        print(f"usage: python -m tinygpt.plot {what} {usage}\n\noptions:" + help_text(cls, "", "").split("options:", 1)[1])
+        options = help_text(cls, "", "").split("options:", 1)[1]
+        print(f"usage: python -m tinygpt.plot {what} {usage}\n\noptions:{options}")
         return 0
     cfg = load_config(cls, name_positionals(rest, positional))
     image_kind(cfg.out)  # before any work

@@ -1,4 +1,4 @@
-"""Prompts as sample.py and score.py read them: from the command line or a file, checked
+"""Prompts as sample.py and tinygpt.score read them: from the command line or a file, checked
 character by character against the model's tokenizer, and encoded.
 
 A character the tokenizer has no token for is an error naming each one and where it is

@@ -41,7 +41,7 @@ def restore():
 
 _script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
 _package = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(os.path.abspath(_script)) in (_package, os.path.dirname(_package)):  # a script, or python -m tinygpt.X
+if os.path.dirname(os.path.abspath(_script)) in (_package, os.path.dirname(_package)):  # ours, or python -m tinygpt.X
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with Ctrl-C ignored
         signal.signal(signal.SIGINT, interrupted)
 

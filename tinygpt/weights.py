@@ -63,7 +63,7 @@ VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # one row per token
 
 
 @dataclass
-class Source:
+class Weights:
     """Weights to start from, with what is needed to use them."""
 
     name: str  # for messages: a checkpoint's path, or gpt2-medium
@@ -72,11 +72,11 @@ class Source:
     meta: dict  # the tokenizer they were trained with, as in meta.json
 
 
-def load_source(init_from, out_dir):
+def load_weights(init_from, out_dir):
     """The weights --init_from names: GPT-2 (a name or a directory), or a checkpoint file."""
     if gpt2.is_gpt2(init_from):
         config, state, meta = gpt2.load(init_from)
-        return Source(init_from, dataclasses.asdict(config), state, meta)
+        return Weights(init_from, dataclasses.asdict(config), state, meta)
     path = Path(init_from)
     if not path.is_file():
         raise UserError(f"init_from {init_from!r} not found: use scratch, resume, {', '.join(gpt2.SIZES)}, "
@@ -86,7 +86,7 @@ def load_source(init_from, out_dir):
     ckpt = load_checkpoint(path)
     if "meta" not in ckpt:
         raise UserError(f"{path} holds no tokenizer (meta); it was not written by this train.py")
-    return Source(str(path), ckpt["model_config"], ckpt["model"], ckpt["meta"])
+    return Weights(str(path), ckpt["model_config"], ckpt["model"], ckpt["meta"])
 
 
 # --- The new model's shape -------------------------------------------------------------------------

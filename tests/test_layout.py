@@ -1,0 +1,113 @@
+"""The house: the top level is the design card, the imports run one way, and the four files a reader
+walks (model, train, sample, prepare) fit in one sitting."""
+
+import ast
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STORY = {"model.py": 400, "train.py": 400, "sample.py": 250, "prepare.py": 300}  # each file's most lines
+PACKAGE = "tinygpt"
+TOP_LEVEL = {*STORY, "config", "data", "tests", "README.md", "docs", "bench", PACKAGE, ".ci",
+             "pyproject.toml", "requirements.txt", "requirements-dev.txt", ".gitignore"}
+
+
+def tracked_top_level():
+    """The top-level names git tracks; without git (a copied tree), what is there, less what git ignores."""
+    try:
+        files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        return {line.split("/")[0] for line in files.splitlines()}
+    except (OSError, subprocess.CalledProcessError):
+        ignored = ("out", "runs", "__pycache__", ".pytest_cache", ".ruff_cache", ".git")
+        return {p.name for p in ROOT.iterdir() if not p.name.startswith(ignored)}
+
+
+def python_files():
+    """Every Python file of the project but the tests: {module name: path}."""
+    paths = [*ROOT.glob("*.py"), *ROOT.glob(f"{PACKAGE}/*.py"), *ROOT.glob("config/*.py"), *ROOT.glob("bench/*.py")]
+    modules = {}
+    for path in paths:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def imports_of(path, known):
+    """The project's modules that the file imports, anywhere in it (inside functions too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for name in names:  # `from tinygpt import budget` imports tinygpt.budget; `from model import GPT`, model
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != PACKAGE:
+                found.add(name)
+    return found
+
+
+def import_graph():
+    modules = python_files()
+    return {name: imports_of(path, modules) - {name} for name, path in modules.items()}
+
+
+def test_the_top_level_is_the_design_card():
+    top = tracked_top_level()
+    assert top <= TOP_LEVEL, f"not on the design card: {sorted(top - TOP_LEVEL)}"
+    assert {*STORY, "config", "data", "tests", "README.md", PACKAGE} <= top
+    assert sorted(p.name for p in ROOT.glob("*.py")) == sorted(STORY)  # no other Python file at the top
+    assert (ROOT / "data" / "README.md").is_file()
+
+
+def test_no_module_imports_itself_round_a_circle():
+    graph = import_graph()
+    done, path = set(), []
+
+    def visit(name):  # depth first; a module met again on the current path closes a circle
+        if name in path:
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(name):] + [name]))
+        if name in done:
+            return
+        path.append(name)
+        for imported in sorted(graph.get(name, ())):
+            visit(imported)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)
+    assert graph["tinygpt.decoding"] >= {"model"}  # decoding depends on the model, never the reverse
+
+
+def test_the_model_imports_nothing_that_trains_decodes_or_touches_files():
+    graph = import_graph()
+    assert graph["model"] == {"tinygpt.positions"}  # the position encodings' arithmetic, and nothing of ours else
+    assert graph["tinygpt.positions"] == set()
+    third_party = {node.names[0].name if isinstance(node, ast.Import) else node.module
+                   for path in (ROOT / "model.py", ROOT / PACKAGE / "positions.py")
+                   for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                   if isinstance(node, (ast.Import, ast.ImportFrom))}
+    assert third_party - {"tinygpt.positions"} <= {"math", "dataclasses", "torch", "torch.nn", "torch.nn.functional"}
+
+
+@pytest.mark.parametrize("name, most", STORY.items())
+def test_each_file_of_the_story_stays_within_its_size(name, most):
+    assert len((ROOT / name).read_text(encoding="utf-8").splitlines()) <= most
+
+
+def test_the_four_files_together_are_read_in_one_sitting():
+    assert sum(len((ROOT / name).read_text(encoding="utf-8").splitlines()) for name in STORY) <= 1000
+
+
+def test_no_function_in_train_py_is_longer_than_a_screen():
+    tree = ast.parse((ROOT / "train.py").read_text(encoding="utf-8"))
+    long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60}
+    assert not long, long
