@@ -106,20 +106,17 @@ class KVCache:
         i, self.layer = self.layer, self.layer + 1
         if self.v[i] is None:
             B, H, _, hs = v.shape
-            self.v[i] = v.new_empty(B, H, self.max_len, hs)
-            self.k[i] = None if k is None else k.new_empty(B, H, self.max_len, hs)
+            self.k[i], self.v[i] = k.new_empty(B, H, self.max_len, hs), v.new_empty(B, H, self.max_len, hs)
         held, S = self.held, self.length
         if S <= self.max_len:  # room for them: written in place, read as views of the buffers
-            self.v[i].narrow(2, self.write, S - held).copy_(v)  # [:, :, write:write + T] = v, a few us sooner
-            if k is not None:
-                self.k[i].narrow(2, self.write, S - held).copy_(k)
-            return (None if k is None else self.k[i].narrow(2, 0, S)), self.v[i].narrow(2, 0, S)  # (B, H, S, hs)
+            self.k[i].narrow(2, self.write, S - held).copy_(k)  # [:, :, write:write + T] = k, a few us sooner
+            self.v[i].narrow(2, self.write, S - held).copy_(v)
+            return self.k[i].narrow(2, 0, S), self.v[i].narrow(2, 0, S)  # (B, H, S, hs)
         # More than the buffers hold: attend to copies, and keep the newest max_len.
-        v = torch.cat([self.v[i][:, :, :held], v], dim=2)  # (B, H, S, hs)
+        k = torch.cat([self.k[i][:, :, :held], k], dim=2)  # (B, H, S, hs)
+        v = torch.cat([self.v[i][:, :, :held], v], dim=2)
+        self.k[i].copy_(k[:, :, -self.max_len :])
         self.v[i].copy_(v[:, :, -self.max_len :])
-        if k is not None:
-            k = torch.cat([self.k[i][:, :, :held], k], dim=2)  # (B, H, S, hs)
-            self.k[i].copy_(k[:, :, -self.max_len :])
         return k, v
 
 
