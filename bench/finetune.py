@@ -1,7 +1,7 @@
 """Fine-tuning against training from scratch: steps and seconds to a val loss on another text.
 
     python prepare.py                            # Tiny Shakespeare -> data/shakespeare_char (once)
-    python bench/finetune.py                     # the README's table: on an idle CPU, one run at a time
+    python bench/finetune.py                     # docs/finetuning.md's table: on an idle CPU, one run at a time
     python bench/finetune.py --base=out/shakespeare_char_cpu_fast/ckpt.pt   # a Shakespeare model you have
     python bench/finetune.py --text=notes.txt --target=1.5
 

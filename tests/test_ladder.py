@@ -73,9 +73,10 @@ def test_preset_trains_a_few_steps(preset, data_dir, tmp_path):
     assert tuple(model_config[name] for name in SWITCHES) == LADDER[preset.stem][0]
 
 
-def test_readme_points_at_every_rung():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_docs_point_at_every_rung_and_the_readme_at_every_class():
+    ladder = (ROOT / "docs" / "ladder.md").read_text(encoding="utf-8")
     for preset in PRESETS:
-        assert f"config/ladder/{preset.name}" in readme
+        assert f"config/ladder/{preset.name}" in ladder
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for name in ("CausalAverage", "Head", "MultiHeadAttention", "FeedForward", "Block", "GPT"):
         assert f"`{name}`" in readme
