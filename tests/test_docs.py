@@ -58,7 +58,8 @@ def commands():
 
 def test_the_pages_give_commands_to_check():
     scripts = {script for _, script, _ in commands()}
-    assert {"train.py", "sample.py", "prepare.py", "-m tinygpt.score", "-m tinygpt.plot", "-m tinygpt.ladder"} <= scripts
+    assert {"train.py", "sample.py", "prepare.py", "-m tinygpt.score", "-m tinygpt.plot", "-m tinygpt.ladder"} \
+        <= scripts
 
 
 @pytest.mark.parametrize("page, script, arguments", commands(), ids=lambda v: str(v)[:60])
