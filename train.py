@@ -30,7 +30,7 @@ from model import GELUS, GPT, MIXERS, POSITIONS, SCORES
 from tinygpt import budget
 from tinygpt.checkpoint import read_start, restore_run, run_state, save_checkpoint
 from tinygpt.dataset import estimate_loss, load_data, step_seed, train_batches
-from tinygpt.device import autocast, maybe_compile, peak_flops, pick_dtype
+from tinygpt.device import maybe_compile, peak_flops, pick_dtype, training_autocasts
 from tinygpt.distributed import Processes, end_processes, start_processes
 from tinygpt.files import version
 from tinygpt.optim import configure_optimizer
@@ -138,10 +138,7 @@ class Run:
 
     def __post_init__(self):
         self.model = self.eval_model = self.raw_model
-        dtype = getattr(torch, self.cfg.dtype)
-        self.autocast = autocast(self.procs.device_type, dtype)
-        # The evaluations run in fp32 on a CPU: exact, and the figure python -m tinygpt.score gives.
-        self.eval_autocast = autocast(self.procs.device_type, torch.float32 if self.procs.device == "cpu" else dtype)
+        self.autocast, self.eval_autocast = training_autocasts(self.procs.device_type, getattr(torch, self.cfg.dtype))
 
 
 def set_up(cfg, sources, procs, lock):

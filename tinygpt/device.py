@@ -155,6 +155,12 @@ def autocast(device_type, dtype):
     return contextlib.nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
 
 
+def training_autocasts(device_type, dtype):
+    """(the training steps' autocast, the evaluations'). On a CPU the evaluations run in fp32: exact,
+    and the figure python -m tinygpt.score gives for the same text."""
+    return autocast(device_type, dtype), autocast(device_type, torch.float32 if device_type == "cpu" else dtype)
+
+
 @functools.cache
 def cpu_bf16_is_faster(n=256, repeats=10):
     """Whether this CPU multiplies bf16 matrices at least 1.25x as fast as fp32 ones, timed.
