@@ -113,7 +113,8 @@ def main(argv):
     run_train([*common, f"--init_from={base}"], runs["fine-tuned"], cfg)
     run_train(common, runs["scratch"], cfg)
 
-    scratch_val = [json.loads(line)["val_loss"] for line in open(runs["scratch"] / "log.jsonl") if "val_loss" in line]
+    with open(runs["scratch"] / "log.jsonl", encoding="utf-8") as log:
+        scratch_val = [json.loads(line)["val_loss"] for line in log if "val_loss" in line]
     target = cfg.target or min(scratch_val)
     stats = {name: summarize(run_dir, target) for name, run_dir in runs.items()}
 

@@ -57,8 +57,9 @@ from model import GPT, GPTConfig  # noqa: E402
 from tinygpt import settings  # noqa: E402
 from tinygpt.dataset import get_batch, mean_loss  # noqa: E402
 from tinygpt.decoding import generate  # noqa: E402
-from tinygpt.device import keep_freed_memory, machine, peak_flops, pick_dtype  # noqa: E402
+from tinygpt.device import machine, peak_flops, pick_dtype  # noqa: E402
 from tinygpt.optim import configure_optimizer  # noqa: E402
+from tinygpt.system import keep_freed_memory  # noqa: E402
 
 # nanoGPT's CPU configuration, as its README gives it.
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
@@ -115,7 +116,7 @@ def run_process(command, cwd, log_path):
     _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak memory
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
-    Path(log_path).write_text("".join(f"{t:9.3f} {line}\n" for t, line in lines))
+    Path(log_path).write_text("".join(f"{t:9.3f} {line}\n" for t, line in lines), encoding="utf-8")
     if proc.returncode != 0:
         raise UserError(f"{' '.join(map(str, command))} failed (exit {proc.returncode}); see {log_path}")
     return wall, usage.ru_maxrss / 1024, lines
@@ -161,7 +162,7 @@ def train_ours(args, data_dir, run_dir, mode, steps):
     command = [sys.executable, "train.py", *args, f"--data_dir={data_dir}", f"--out_dir={run_dir / 'out'}",
                *mode["eval"], eval_iters, *steps, "--overwrite=true"]
     wall, rss, lines = run_process(command, ROOT, run_dir / "stdout.txt")
-    records = [json.loads(line) for line in open(run_dir / "out/log.jsonl")]
+    records = [json.loads(line) for line in open(run_dir / "out/log.jsonl", encoding="utf-8")]
     step_ms = [r["ms_per_iter"] for r in records if "ms_per_iter" in r and r["iter"] >= 5]
     times = [t for t, line in lines if re.match(r"step \d+: train", line)]  # when each evaluation was printed
     evals = [(r["iter"], r["val_loss"], t) for r, t in zip([r for r in records if "val_loss" in r], times)]

@@ -177,16 +177,16 @@ def train(args, run_dir):
     run_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "train.py", *args]
     t0 = time.perf_counter()
-    with open(run_dir / "stdout.txt", "w") as out:
+    with open(run_dir / "stdout.txt", "w", encoding="utf-8") as out:
         code = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
     wall = time.perf_counter() - t0
     if code != 0:
         raise UserError(f"{' '.join(command)} failed (exit {code}); see {run_dir / 'stdout.txt'}")
-    (run_dir / "result.json").write_text(json.dumps({"command": command, "wall_s": wall}) + "\n")
+    (run_dir / "result.json").write_text(json.dumps({"command": command, "wall_s": wall}) + "\n", encoding="utf-8")
 
 
 def row(name, run, data_dir, run_dir):
-    result = json.loads((run_dir / "result.json").read_text())
+    result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
     loss, ckpt = whole_val_loss(run_dir, data_dir)
     t, m = ckpt["train_config"], ckpt["model_config"]
     chars_per_token = 1.0  # character-level data: a token is a character

@@ -26,8 +26,9 @@ from config import cli  # noqa: E402
 from model import GPT  # noqa: E402
 from tinygpt import settings  # noqa: E402
 from tinygpt.dataset import get_batch  # noqa: E402
-from tinygpt.device import keep_freed_memory, pick_dtype  # noqa: E402
+from tinygpt.device import pick_dtype  # noqa: E402
 from tinygpt.optim import configure_optimizer  # noqa: E402
+from tinygpt.system import keep_freed_memory  # noqa: E402
 
 
 @cli

@@ -75,8 +75,8 @@ def train(args, run_dir, cfg):
     cmd = [sys.executable, "train.py", *args, *schedule, "--eval_iters=0", f"--eval_interval={cfg.eval_interval}",
            "--log_interval=1", f"--out_dir={run_dir}"]
     env = {**os.environ, **({"OMP_NUM_THREADS": str(cfg.threads)} if cfg.threads else {})}
-    (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    with open(run_dir / "stdout.txt", "w") as out:
+    (run_dir / "command.txt").write_text(" ".join(cmd) + "\n", encoding="utf-8")
+    with open(run_dir / "stdout.txt", "w", encoding="utf-8") as out:
         code = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, stdout=out,
                               stderr=subprocess.STDOUT).returncode
     if code != 0:
@@ -85,11 +85,11 @@ def train(args, run_dir, cfg):
 
 def summarize(run_dir, target):
     """The table's numbers for one run, from its log.jsonl."""
-    records = [json.loads(line) for line in open(run_dir / "log.jsonl")]
+    records = [json.loads(line) for line in open(run_dir / "log.jsonl", encoding="utf-8")]
     val = {r["iter"]: r["val_loss"] for r in records if "val_loss" in r}
     step_ms = {r["iter"]: r["ms_per_iter"] for r in records if "ms_per_iter" in r}
     reached = next((it for it in sorted(val) if val[it] <= target), None)
-    tokens = re.search(r"([\d,]+) tokens per step", (run_dir / "stdout.txt").read_text())
+    tokens = re.search(r"([\d,]+) tokens per step", (run_dir / "stdout.txt").read_text(encoding="utf-8"))
     return {
         "val": val,
         "tokens": int(tokens.group(1).replace(",", "")) if tokens else None,

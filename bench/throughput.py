@@ -48,7 +48,7 @@ def synthetic_data(directory, vocab_size=65, n_tokens=200_000):
         rng.integers(0, vocab_size, n, dtype=np.uint16).tofile(Path(directory) / f"{split}.bin")
     meta = {"format": 1, "tokenizer": "char", "vocab": [chr(32 + i) for i in range(vocab_size)],
             "vocab_size": vocab_size, "dtype": "uint16", "train_tokens": n_tokens, "val_tokens": n_tokens // 10}
-    (Path(directory) / "meta.json").write_text(json.dumps(meta))
+    (Path(directory) / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
 @cli
@@ -75,7 +75,7 @@ def main(argv):
             code = train.main(args)
         if code != 0:
             raise UserError(f"the training run failed (exit {code}); run train.py with the same arguments to see why")
-        records = [json.loads(line) for line in open(f"{tmp}/out/log.jsonl")]
+        records = [json.loads(line) for line in open(f"{tmp}/out/log.jsonl", encoding="utf-8")]
     steps = [r for r in records if "ms_per_iter" in r][iters // 10 :]  # the first steps warm up caches
     ms = sorted(r["ms_per_iter"] for r in steps)[len(steps) // 2]
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum

@@ -122,7 +122,7 @@ def test_a_model_whose_measurement_does_not_fit_is_refused_with_what_it_needs(mo
 FREED = """
 import ctypes, sys
 import torch
-from tinygpt.device import keep_freed_memory
+from tinygpt.system import keep_freed_memory
 class Info(ctypes.Structure):  # glibc's struct mallinfo2
     _fields_ = [(name, ctypes.c_size_t) for name in
                 "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]

@@ -155,17 +155,17 @@ def test_head_count_that_does_not_divide_the_width_is_an_error(data_dir, tmp_pat
 
 @pytest.mark.parametrize("bf16_faster, expected", [(True, torch.bfloat16), (False, torch.float32)])
 def test_auto_dtype_trains_in_bf16_only_on_a_cpu_where_it_is_faster(monkeypatch, bf16_faster, expected):
-    monkeypatch.setattr(device, "cpu_bf16_is_faster", lambda: bf16_faster)
+    monkeypatch.setattr(device, "bf16_is_faster", lambda device_type: bf16_faster)
     assert device.pick_dtype("auto", "cpu", training=True) == expected
     assert device.pick_dtype("auto", "cpu") == torch.float32  # sampling one token at a time: fp32
     assert device.pick_dtype("float32", "cpu", training=True) == torch.float32
 
 
 def test_the_dtype_auto_chose_is_kept_with_the_run_and_resumed(data_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(device, "cpu_bf16_is_faster", lambda: True)
+    monkeypatch.setattr(device, "bf16_is_faster", lambda device_type: True)
     assert run_train(data_dir, tmp_path, "--max_iters=4", "--eval_interval=2", "--dtype=auto") == 0
     assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]["dtype"] == "bfloat16"
-    monkeypatch.setattr(device, "cpu_bf16_is_faster", lambda: False)  # another machine, or a noisy moment
+    monkeypatch.setattr(device, "bf16_is_faster", lambda device_type: False)  # another machine, or a noisy moment
     assert run_train(data_dir, tmp_path, "--max_iters=6", "--init_from=resume") == 0
     assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]["dtype"] == "bfloat16"
 

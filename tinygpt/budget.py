@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import io
 import math
-import os
 import re
 import time
 
@@ -29,9 +28,9 @@ import torch
 from config import UserError
 from tinygpt.dataset import get_batch
 from tinygpt.settings import has_preset
+from tinygpt.system import process_age  # the budget's clock
 
 DEFAULT_BUDGET = "5m"  # with no preset and no --max_iters: a few minutes of a laptop's time
-_IMPORTED = time.time()
 
 
 def parse_duration(text):
@@ -44,18 +43,6 @@ def parse_duration(text):
     if not parts or "".join(n + u for n, u in parts) != cleaned:
         raise UserError(f"max_time must be a duration such as 90s, 5m, 2h or 1h30m, got {text!r}")
     return sum(float(n) * units[u] for n, u in parts)
-
-
-def process_age():
-    """Seconds since this process started: the budget counts Python's start-up too."""
-    try:
-        with open("/proc/self/stat") as f:
-            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time since boot
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.time() - _IMPORTED
 
 
 # --- The rule -----------------------------------------------------------------------------

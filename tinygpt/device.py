@@ -2,10 +2,8 @@
 torch.compile, and the peak for MFU."""
 
 import contextlib
-import ctypes
 import dataclasses
 import functools
-import os
 import platform
 import shutil
 import time
@@ -15,6 +13,7 @@ import torch
 
 from config import UserError
 from model import GPT
+from tinygpt.system import memory_bytes
 from tinygpt.tokenizer import cpu_count
 
 # Dense bf16 tensor-core peaks, for MFU. A device not listed gets no MFU figure.
@@ -47,14 +46,18 @@ def check_device(name):
 
 
 def memory_size(device):
-    """(bytes, what) of the memory a model on device lives in: the GPU's, or the machine's
-    RAM (for mps too, which shares it), within a container's limit if it sets one."""
+    """(bytes, what) of the memory a model on device lives in: the GPU's; on Apple Silicon (mps) the
+    share of the memory it shares with the CPU that Metal lets the GPU use; else the machine's RAM,
+    within a container's limit if it sets one. (None, what) where the system does not say."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_properties(torch.device(device)).total_memory, f"{device}'s memory"
-    size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if device.startswith("mps"):
+        return torch.mps.recommended_max_memory(), "the memory Metal lets mps use (shared with the CPU)"
+    size = memory_bytes()
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        with contextlib.suppress(OSError, ValueError):
-            size = min(size, int(Path(limit_file).read_text()))  # "max" (no limit) is a ValueError
+        with contextlib.suppress(OSError, ValueError):  # "max" (no limit) is a ValueError
+            limit = int(Path(limit_file).read_text(encoding="ascii"))
+            size = limit if size is None else min(size, limit)
     return size, "this machine's memory"
 
 
@@ -119,8 +122,8 @@ def check_model_fits(mconf, batch_size, block_size, device, dtype):
     """Refuses, before it is built, a model whose training cannot fit in the device's memory."""
     shrink = 2 if dtype.itemsize < 4 else 1  # activations in 16 bits: at least half of it still
     size, where = memory_size(device)
-    if memory_bound(mconf, batch_size, block_size) // shrink <= size:
-        return  # fits for sure: no second spent measuring
+    if size is None or memory_bound(mconf, batch_size, block_size) // shrink <= size:
+        return  # fits for sure (no second spent measuring), or no size to hold it against
     try:
         n_params, needed = training_memory(mconf, batch_size, block_size)
     except (RuntimeError, OverflowError) as e:  # sizes past what a tensor can have
@@ -138,12 +141,14 @@ def gigabytes(n):
 
 
 def pick_dtype(name, device_type, training=False):
-    """The dtype of the matmuls. auto: bf16 on a GPU that has it (else fp16); on a CPU, fp32,
-    except for training on a CPU whose bf16 matmuls are measured faster (cpu_bf16_is_faster)."""
+    """The dtype of the matmuls. auto: bf16 on a CUDA GPU that has it (else fp16); on a CPU or Apple
+    Silicon (mps), fp32, except for training where bf16 matmuls are timed faster there (bf16_is_faster).
+    Sampling stays fp32 off CUDA: one token at a time is too little work for bf16 to pay."""
     if name == "auto":
         if device_type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if training and device_type == "cpu" and cpu_bf16_is_faster() else torch.float32
+        faster = training and device_type in ("cpu", "mps") and bf16_is_faster(device_type)
+        return torch.bfloat16 if faster else torch.float32
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in dtypes:
         raise UserError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
@@ -162,42 +167,33 @@ def training_autocasts(device_type, dtype):
 
 
 @functools.cache
-def cpu_bf16_is_faster(n=256, repeats=10):
-    """Whether this CPU multiplies bf16 matrices at least 1.25x as fast as fp32 ones, timed.
+def bf16_is_faster(device_type="cpu", repeats=10):
+    """Whether this device multiplies bf16 matrices at least 1.25x as fast as fp32 ones, timed.
 
     CPUs with native bf16 instructions (avx512_bf16, AMX) do it 2 to 3x as fast, which nearly
     halves a training step of the CPU presets; most others emulate bf16 at half fp32's speed.
     A measurement (a few ms) tells them apart where feature flags vary by vendor and version.
+    Apple Silicon's GPU (mps) is timed the same way, on larger matrices (its launches cost more);
+    where it has no bf16 (before macOS 14) the answer is no. Not yet run on a Mac here.
     """
+    n, sync = (1024, torch.mps.synchronize) if device_type == "mps" else (256, lambda: None)
+
     def best(dtype):
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a, b = (torch.randn(n, n, dtype=dtype, device=device_type) for _ in range(2))
         a @ b
+        sync()
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             a @ b
+            sync()
             times.append(time.perf_counter() - t0)
         return min(times)
 
-    return best(torch.float32) >= 1.25 * best(torch.bfloat16)
-
-
-def keep_freed_memory(mmap_threshold=32 << 20, trim_threshold=1 << 30):
-    """Tells glibc's malloc to keep freed memory for the next allocation instead of handing it
-    back to the system. Returns whether it could (False off glibc: nothing to do).
-
-    A CPU training step frees and reallocates the same activations every step. By default glibc
-    gives large freed blocks back (munmap, or trimming the heap), and the next step faults each
-    page in again, zeroed by the kernel: a mul after a 1536 x 512 matmul took 400 us where 90 were
-    the arithmetic, and the classic preset's step 10% longer. Allocations up to mmap_threshold
-    now come from the heap, which is trimmed only past trim_threshold of free memory at its top:
-    the process keeps its peak, as it would hold it during the steps anyway.
-    """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    try:
+        return best(torch.float32) >= 1.25 * best(torch.bfloat16)
+    except (RuntimeError, TypeError):  # no bf16 matmul on this device
         return False
-    libc = ctypes.CDLL(None)
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>; either one also stops glibc's own adjusting
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold) and libc.mallopt(M_TRIM_THRESHOLD, trim_threshold))
 
 
 def peak_flops(device_type):
@@ -220,7 +216,7 @@ def maybe_compile(model, device_type):
             print("warning: --compile needs triton on CUDA and it is not installed; running uncompiled")
             return model
     if device_type == "mps":
-        print("warning: --compile is not supported on mps here; running uncompiled")
+        print("warning: --compile is not tried on mps here: training runs uncompiled (eager) on mps")
         return model
     return torch.compile(model)
 
@@ -229,7 +225,7 @@ def machine():
     """What a measurement ran on, in words: the processor, cores, accelerator and torch."""
     cpu = platform.processor() or platform.machine()
     try:
-        with open("/proc/cpuinfo") as f:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tinygpt.device import check_device, keep_freed_memory, pick_device
+from tinygpt.device import check_device, pick_device
+from tinygpt.system import keep_freed_memory
 
 
 @dataclass

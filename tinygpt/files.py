@@ -10,12 +10,13 @@ caller can say what failed (a full disk, no permission) and what was kept.
 """
 
 import contextlib
-import ctypes
 import errno
 import glob
 import os
 import shutil
 from pathlib import Path
+
+from tinygpt.system import exchange, process_alive, sync_directory
 
 
 class _Recording:
@@ -90,50 +91,12 @@ def write_error(path, e):
     return f"cannot write {path} ({e.strerror or e})"
 
 
-def fsync_dir(path):
-    """Makes a rename or a new name in directory path durable (a power cut keeps it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # --- Whole directories ------------------------------------------------------------------
-
-_RENAME_EXCHANGE = 2  # linux/fs.h
-_AT_FDCWD = -100
-
-
-def exchange(a, b):
-    """Swaps directories a and b in one step (Linux renameat2 RENAME_EXCHANGE): at every
-    moment each name holds one whole directory. False where the system cannot do it."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # not Linux, or a C library older than glibc 2.28
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # the kernel or the file system lacks it
-        return False
-    raise OSError(err, os.strerror(err), str(b))
 
 
 def _aside(target):
     """Where swap_in keeps the old directory when it has to swap in two steps."""
     return target.with_name(f".{target.name}.old")
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process, alive
-        return True
-    return True
 
 
 def remove_stale(target):
@@ -145,7 +108,7 @@ def remove_stale(target):
     shutil.rmtree(aside, ignore_errors=True)
     for stale in target.parent.glob(glob.escape(f".{target.name}.staging-") + "*"):
         pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+        if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
             shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -174,7 +137,7 @@ def swap_in(stage, target, replaced):
     target = Path(os.path.realpath(target))
     if target.is_dir():
         link_tree(target, stage, skip=set(replaced))
-    fsync_dir(stage)
+    sync_directory(stage)
     if not os.path.lexists(target):
         os.rename(stage, target)
         stage.mkdir()  # so that staging_dir's cleanup finds what it expects
@@ -182,7 +145,7 @@ def swap_in(stage, target, replaced):
         os.rename(target, _aside(target))
         os.rename(stage, target)
         os.rename(_aside(target), stage)
-    fsync_dir(target.parent)
+    sync_directory(target.parent)
 
 
 def link_tree(src, dst, skip=()):

@@ -35,6 +35,7 @@ from tinygpt.checkpoint import load_checkpoint
 from tinygpt.device import check_device, machine, pick_device, pick_dtype
 from tinygpt.files import write_atomic, write_error
 from tinygpt.settings import check_settings
+from tinygpt.system import peak_rss
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 PRESETS = ROOT / "config" / "ladder"
@@ -164,7 +165,7 @@ def run_state(out_dir, cfg):
 def read_wall(out_dir):
     """Seconds spent training the run in out_dir, over every resume (None: not trained by the ladder)."""
     try:
-        return json.loads((out_dir / "wall_time.json").read_text())["wall_s"]
+        return json.loads((out_dir / "wall_time.json").read_text(encoding="utf-8"))["wall_s"]
     except (OSError, ValueError, KeyError):
         return None
 
@@ -220,18 +221,13 @@ def peak_memory():
     torch's own included)."""
     if torch.cuda.is_available() and torch.cuda.max_memory_allocated() > 0:
         return {"bytes": torch.cuda.max_memory_allocated(), "of": "cuda"}
-    try:
-        import resource
-    except ImportError:  # Windows has no getrusage
-        return {"bytes": None, "of": "rss"}
-    kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes, not kilobytes, on macOS
-    return {"bytes": kilobytes * (1 if sys.platform == "darwin" else 1024), "of": "rss"}
+    return {"bytes": peak_rss(), "of": "rss"}
 
 
 def read_peak(out_dir):
     """The run's peak memory as train_child wrote it, or None (not trained by this ladder)."""
     try:
-        record = json.loads((out_dir / PEAK_FILE).read_text())
+        record = json.loads((out_dir / PEAK_FILE).read_text(encoding="utf-8"))
         return record if isinstance(record, dict) and "bytes" in record and "of" in record else None
     except (OSError, ValueError):
         return None
@@ -239,7 +235,7 @@ def read_peak(out_dir):
 
 def summarize(name, out_dir):
     """The table's row for the finished run in out_dir."""
-    records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text(encoding="utf-8").splitlines()]
     final = [r for r in records if "val_loss" in r][-1]
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     model_config = load_checkpoint(out_dir / "ckpt.pt")["model_config"]

@@ -1,19 +1,17 @@
 """A run's out_dir: one run at a time, and a log that is never half a line.
 
-    lock        held (flock) by the run writing here, and holding its pid; a second
+    lock        held by the run writing here, and holding its pid; a second
                 run into the same out_dir stops with an error naming that pid
     log.jsonl   one JSON record a line, each appended whole; cut back to the
                 checkpoint's iteration when a run resumes
 """
 
-import contextlib
-import fcntl
 import json
-import os
 from pathlib import Path
 
 from config import UserError
 from tinygpt.files import append_line, write_atomic, write_error
+from tinygpt.system import FileLock
 
 LEFT_BY_A_KILL = ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp", "wall_time.json.tmp")
 
@@ -22,54 +20,36 @@ LEFT_BY_A_KILL = ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp", "wall_time.json
 
 
 class RunLock:
-    """out_dir/lock, held from acquire() to release(). The kernel lets go of an flock when
-    its process dies, however it dies, so the lock of a killed run is simply taken over.
-    The file itself stays: deleting a locked file would let a third run lock a new one."""
+    """out_dir/lock, held from acquire() to release() (tinygpt.system.FileLock: the platform's own file
+    lock, let go by the system when its process dies however it dies, so a killed run's lock is simply
+    taken over). The file itself stays: deleting a locked file would let a third run lock a new one."""
 
-    def __init__(self, out_dir):
-        self.out_dir, self.fd = Path(out_dir), None
+    def __init__(self, out_dir, kind=None):
+        self.out_dir, self.lock = Path(out_dir), FileLock(Path(out_dir) / "lock", kind)
 
     def check_free(self):
         """A UserError if another run holds the lock now; reads, and writes nothing."""
-        try:
-            fd = os.open(self.out_dir / "lock", os.O_RDONLY)
-        except OSError:  # no lock file, no run
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise self.in_use(fd) from None
-        finally:
-            os.close(fd)
+        if self.lock.held_elsewhere():
+            raise self.in_use()
 
-    def in_use(self, fd):
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-        return UserError(f"{self.out_dir} is in use by another run (pid {holder}); wait for it to end, "
-                         "or pick another --out_dir")
+    def in_use(self):
+        return UserError(f"{self.out_dir} is in use by another run (pid {self.lock.holder() or 'unknown'}); wait "
+                         "for it to end, or pick another --out_dir")
 
     def acquire(self):
         """Takes the lock, or raises a UserError naming the run that holds it."""
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.out_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            taken = self.lock.acquire()
         except OSError as e:
             raise UserError(f"cannot write to out_dir {self.out_dir} ({e.strerror}); pick another --out_dir") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            error = self.in_use(self.fd)
-            self.release()
-            raise error from None
-        with contextlib.suppress(OSError):  # the pid is for the message above; a full disk must not stop us
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        if not taken:
+            raise self.in_use()
         for name in LEFT_BY_A_KILL:  # half-written by a run killed while saving; ours to remove now
             (self.out_dir / name).unlink(missing_ok=True)
 
     def release(self):
-        if self.fd is not None:
-            os.close(self.fd)  # closing lets go of the lock
-            self.fd = None
+        self.lock.release()
 
 
 def append_record(out_dir, record):

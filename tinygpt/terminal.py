@@ -23,6 +23,8 @@ import os
 import signal
 import sys
 
+from tinygpt.system import stop_signals
+
 # --- Ctrl-C and other signals -------------------------------------------------------------
 
 
@@ -47,12 +49,12 @@ if os.path.dirname(os.path.abspath(_script)) in (_package, os.path.dirname(_pack
 
 
 class StopRequested:
-    """While active, SIGINT, SIGTERM and SIGHUP (a closed terminal) set a flag instead of
+    """While active, SIGINT, SIGTERM and SIGHUP (a closed terminal; not on Windows) set a flag instead of
     killing the process: the loop finishes its step, saves, and exits 128 + the signal's number."""
 
     def __enter__(self):
         self.signum = None
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        self.previous = {s: signal.signal(s, self.handle) for s in stop_signals()}
         return self
 
     def handle(self, signum, frame):

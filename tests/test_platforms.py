@@ -1,0 +1,238 @@
+"""Windows, macOS and Apple Silicon, tried on Linux: each test makes this machine look like another in
+one way (a module, a signal or a call it lacks, a call that does something else there, another default
+encoding, an MPS device that says yes) and runs the real scripts, or the decision, under it.
+
+What cannot be run here: Windows' own calls (msvcrt's locks, kernel32's process probe, its memory
+size) and a real MPS device. Their stand-ins below behave as those calls are documented to."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from config import UserError
+from model import GPT, GPTConfig
+from tinygpt import device, files, outdir, system
+
+sys.path.insert(0, str(Path(__file__).parent))
+import fake_msvcrt as fake_msvcrt_module  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "config" / "tiny.toml")
+TEXT = "To be, or not to be: that is the question. Зачем? 你好 — ½ café\n" * 60  # outside cp1252 and ASCII too
+
+# Run in a fresh process: the masks named in argv[1], then the scripts' own main() end to end, printing
+# each exit code. A mask is what another system does differently, applied to this one before anything runs.
+RUNNER = textwrap.dedent("""
+    import os, signal, subprocess, sys
+    masks, work = sys.argv[1].split(","), sys.argv[2]
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    sys.path.insert(0, os.getcwd())
+    if "no_fcntl" in masks:  # Windows has no fcntl module
+        sys.modules["fcntl"] = None
+    if "no_sighup" in masks:  # nor SIGHUP
+        del signal.SIGHUP
+    if "no_sysconf" in masks:  # nor os.sysconf
+        del os.sysconf
+    if "windows_kill" in masks or "windows_dirs" in masks:
+        from tinygpt import system
+        system.WINDOWS, system.LINUX = True, False
+        # kernel32's answers, from Linux: a pid /proc knows runs (asked without a signal); the RAM's size
+        system._windows_process_alive = lambda pid: os.path.exists(f"/proc/{pid}")
+        system._windows_memory_bytes = lambda: ram
+    if "windows_kill" in masks:  # os.kill(pid, 0) on Windows ends the process: here it fails loudly
+        def kill(pid, sig, real=os.kill):
+            if sig == 0:
+                raise RuntimeError(f"os.kill({pid}, 0) would end process {pid} on Windows")
+            return real(pid, sig)
+        os.kill = kill
+    if "windows_dirs" in masks:  # a directory cannot be opened as a file on Windows
+        import shutil
+        shutil._use_fd_functions = False  # nor does shutil.rmtree there open directories
+        def open_(path, flags, *args, real=os.open):
+            if os.path.isdir(path):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path, flags, *args)
+        os.open = open_
+    import prepare, sample, train
+    data, out = f"{work}/data", f"{work}/out"
+    stale = subprocess.Popen([sys.executable, "-c", "pass"]); stale.wait()  # a pid that no longer runs
+    for pid in (stale.pid, os.getppid()):  # left by a killed prepare.py, and by one that still runs
+        os.makedirs(f"{work}/.data.staging-{pid}", exist_ok=True)
+    steps = [
+        (prepare, ["--input", f"{work}/input.txt", "--out_dir", data]),
+        (prepare, ["--input", f"{work}/input.txt", "--out_dir", data]),  # swapped in over the first
+        (train, [sys.argv[3], f"--data_dir={data}", f"--out_dir={out}", "--max_iters=4", "--eval_interval=2"]),
+        (train, [f"--data_dir={data}", f"--out_dir={out}", "--init_from=resume", "--max_iters=6"]),
+        (sample, [f"--out_dir={out}", f"--start=FILE:{work}/prompt.txt", "--max_new_tokens=20", "--unknown=skip"]),
+    ]
+    for script, args in steps:
+        print(f"{script.__name__}: exit {script.main(args)}", flush=True)
+    print("stale staging left:", sorted(p for p in os.listdir(work) if p.startswith(".data.staging")))
+""")
+
+MASKS = {
+    "no_fcntl": {},
+    "no_sighup": {},
+    "no_sysconf": {},
+    "windows_kill": {},
+    "windows_dirs": {},
+    # Windows' console and files: not UTF-8 by default. The C locale without its UTF-8 coercion makes
+    # Python's default file encoding ASCII; stdout writes cp1252 and fails on what it cannot encode.
+    "cp1252": {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0",
+               "PYTHONIOENCODING": "cp1252:strict"},
+}
+MASKS["windows"] = {k: v for env in MASKS.values() for k, v in env.items()}
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_the_scripts_run_end_to_end_on_a_system_that_differs(tmp_path, mask):
+    (tmp_path / "input.txt").write_text(TEXT, encoding="utf-8")
+    (tmp_path / "prompt.txt").write_text("café Зачем ½", encoding="utf-8")
+    masks = ",".join(MASKS) if mask == "windows" else mask
+    env = {**os.environ, **MASKS[mask], "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", RUNNER, masks, str(tmp_path), TINY], cwd=ROOT, env=env,
+                            capture_output=True, timeout=300)
+    out, err = result.stdout.decode("utf-8", "replace"), result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 0, err[-3000:]
+    assert [line for line in out.splitlines() if ": exit " in line] == [
+        "prepare: exit 0", "prepare: exit 0", "train: exit 0", "train: exit 0", "sample: exit 0"], out + err
+    assert f"stale staging left: ['.data.staging-{os.getpid()}']" in out  # the dead one's went, the live one's not
+    assert "resuming" in out and "done: 6 iterations" in out
+
+
+# --- The out_dir lock, each implementation ----------------------------------------------------------
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, "tests")
+    import fake_msvcrt
+    from tinygpt import outdir, system
+    system.msvcrt = fake_msvcrt  # used by the msvcrt kind alone
+    outdir.RunLock(sys.argv[1], kind=sys.argv[2]).acquire()
+    print("held", flush=True)
+    time.sleep(60)
+""")
+
+
+@pytest.fixture
+def fake_msvcrt(monkeypatch):
+    monkeypatch.setattr(system, "msvcrt", fake_msvcrt_module)
+
+
+def hold(out_dir, kind):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out_dir), kind], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+@pytest.mark.parametrize("kind", system.LOCKS)
+def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path, kind, fake_msvcrt):
+    holder = hold(tmp_path, kind)
+    try:
+        for attempt in (outdir.RunLock(tmp_path, kind).check_free, outdir.RunLock(tmp_path, kind).acquire):
+            with pytest.raises(UserError, match=f"in use by another run \\(pid {holder.pid}\\)"):
+                attempt()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = outdir.RunLock(tmp_path, kind)
+    lock.check_free()
+    lock.acquire()  # the killed holder's lock, taken over
+    assert lock.lock.holder() == str(os.getpid())
+    lock.release()
+
+
+def test_a_dead_process_is_found_without_signalling_anyone_on_windows(tmp_path, monkeypatch):
+    def kill(pid, sig):
+        raise AssertionError(f"os.kill({pid}, {sig}) ends process {pid} on Windows")
+
+    monkeypatch.setattr(system, "WINDOWS", True)
+    monkeypatch.setattr(system, "_windows_process_alive", lambda pid: pid == os.getppid())
+    monkeypatch.setattr(os, "kill", kill)
+    target = tmp_path / "data"
+    for pid in (os.getppid(), 999_999_999):
+        (tmp_path / f".data.staging-{pid}").mkdir()
+    files.remove_stale(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".data.staging-{os.getppid()}"]
+    (tmp_path / "lock").write_text("999999999\n", encoding="ascii")  # a pidfile lock whose process is gone
+    lock = system.FileLock(tmp_path / "lock", "pidfile")
+    assert lock.acquire() and lock.holder() == str(os.getpid())
+    lock.release()
+
+
+def test_stop_signals_are_those_the_system_has(monkeypatch):
+    assert set(system.stop_signals()) == {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    monkeypatch.delattr(signal, "SIGHUP")
+    assert system.stop_signals() == (signal.SIGINT, signal.SIGTERM)
+
+
+def test_every_text_file_is_read_and_written_as_utf8_whatever_the_default():
+    """The scan behind the cp1252 run above: no text-mode open, read_text or write_text in the project
+    leaves the encoding to the platform's default (Windows': cp1252)."""
+    import ast
+
+    left = []
+    for path in [*ROOT.glob("*.py"), *ROOT.glob("tinygpt/*.py"), *ROOT.glob("config/*.py"), *ROOT.glob("bench/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call) or "encoding" in {k.arg for k in node.keywords}:
+                continue
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in ("read_text", "write_text") and not (
+                    isinstance(func.value, ast.Name) and func.value.id in ("textfiles", "prompts")):
+                left.append(f"{path.name}:{node.lineno}")
+            mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"),
+                                                                 None)
+            if isinstance(func, ast.Name) and func.id == "open" and "b" not in getattr(mode, "value", "r"):
+                left.append(f"{path.name}:{node.lineno}")
+    assert not left
+
+
+# --- Apple Silicon (mps) ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mac(monkeypatch):
+    """A Mac with Apple Silicon, as torch would see it: no CUDA, MPS available, 8 GB for Metal to use."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 8 * 10**9)
+
+
+def test_auto_picks_mps_on_apple_silicon(mac):
+    assert device.pick_device("auto") == "mps" and device.check_device("mps") == "mps"
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_auto_trains_in_bf16_on_mps_only_where_its_bf16_is_timed_faster(mac, monkeypatch, faster):
+    timed = []
+    monkeypatch.setattr(device, "bf16_is_faster", lambda device_type: timed.append(device_type) or faster)
+    assert device.pick_dtype("auto", "mps", training=True) == (torch.bfloat16 if faster else torch.float32)
+    assert device.pick_dtype("auto", "mps") == torch.float32  # sampling: fp32
+    assert timed == ["mps"]
+
+
+def test_an_mps_without_bf16_is_not_faster_in_bf16():
+    """bf16_is_faster itself on a device whose bf16 matmul fails: here, no MPS at all to run on."""
+    assert device.bf16_is_faster.__wrapped__("mps") is False
+
+
+def test_the_memory_check_counts_what_metal_lets_mps_use(mac, monkeypatch):
+    assert device.memory_size("mps")[0] == 8 * 10**9
+    big = GPTConfig(vocab_size=65, block_size=512, n_layer=12, n_head=12, n_embd=768)  # 16 GB to train at batch 32
+    with pytest.raises(UserError, match="the memory Metal lets mps use"):
+        device.check_model_fits(big, 32, 512, "mps", torch.float32)
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 64 * 10**9)  # a Mac with more
+    device.check_model_fits(big, 32, 512, "mps", torch.float32)
+
+
+def test_compile_on_mps_says_it_runs_uncompiled(mac, capsys):
+    model = GPT(GPTConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    assert device.maybe_compile(model, "mps") is model
+    assert "uncompiled" in capsys.readouterr().out
