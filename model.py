@@ -238,22 +238,17 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(C, bias=config.bias) if config.layernorm else nn.Identity()
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
-        if config.tie_weights:
-            # The same matrix reads tokens in and writes them out: similar tokens get
-            # similar vectors either way, and it saves V * C parameters.
+        if config.tie_weights:  # one matrix reads tokens in and writes them out: similar tokens, similar rows
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight") and config.residual:
-                # Each block adds to the residual stream twice; scaling its projections keeps the
-                # stream's variance from growing with depth (GPT-2).
+        for name, p in self.named_parameters():  # GPT-2: each block adds to the stream twice; smaller
+            if name.endswith("c_proj.weight") and config.residual:  # projections keep its variance from growing
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * max(config.n_layer, 1)))
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear) and not self.config.residual:
-            # Without residual connections each layer's output is the next one's only input: std 0.02
-            # shrinks it 1000x or more per block, to denormal floats (slow on CPUs) and a loss stuck
-            # at ln(V). 1/sqrt(fan_in) keeps its scale.
+            # Without residual connections each layer's output is the next one's only input: std 0.02 shrinks
+            # it 1000x a block, to denormal floats (slow) and a loss stuck at ln(V). 1/sqrt(fan_in) keeps its scale.
             nn.init.normal_(module.weight, mean=0.0, std=1 / math.sqrt(module.in_features))
         elif isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)

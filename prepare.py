@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from config import UserError, cli, load_config, option
-from tinygpt.dataset import META_FORMAT, encode_files, split_off, split_point
+from tinygpt.dataset import DATASET_FILES, META_FORMAT, encode_files, split_off, split_point
 from tinygpt.files import staging_dir, swap_in, write_atomic, write_error
 from tinygpt.textfiles import (
     SHAKESPEARE_URL,
@@ -39,9 +39,6 @@ from tinygpt.textfiles import (
     regular_files,
 )
 from tinygpt.tokenizer import CharTokenizer, TiktokenTokenizer
-
-# A data set (and what older versions left when killed); swap_in carries all else in out_dir over.
-DATASET_FILES = ("train.bin", "val.bin", "meta.json", "tokens.bin.tmp", "val.bin.tmp", "meta.json.tmp")
 
 
 @dataclass

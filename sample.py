@@ -62,7 +62,7 @@ def write(text):
         raise BrokenPipeError
 
 
-def print_samples(model, rows, cfg, tokenizer, top_k, generator):
+def print_samples(model, rows, cfg, tokenizer, generator):
     """Continues every prompt in rows (token ids) in one batch. A single prompt is printed token
     by token; a batch when it is done, one sample after another. Each row ends at its first stop
     sequence, and generation when every row has ended."""
@@ -78,7 +78,7 @@ def print_samples(model, rows, cfg, tokenizer, top_k, generator):
 
     for r, ids in enumerate(rows):
         add(r, tokenizer.decode(ids))  # the prompt, as the tokenizer reads it
-    tokens = decoding.stream(model, idx, cfg.max_new_tokens, cfg.temperature, top_k, cfg.top_p, valid=valid,
+    tokens = decoding.stream(model, idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, valid=valid,
                              use_cache=cfg.kv_cache, generator=generator)
     for token in tokens:  # (B, 1)
         for r, t in enumerate(token[:, 0].tolist()):
@@ -104,13 +104,11 @@ def main(argv):
     prompts = read_prompts(cfg.start, cfg.prompts)
     model, tokenizer = load_model(cfg.init_from, cfg.out_dir, cfg.checkpoint, device)
     rows = encode_prompts(prompts, tokenizer, cfg.unknown)
-    n_vocab = model.config.real_vocab_size or model.config.vocab_size
-    top_k = None if cfg.top_k is None else min(cfg.top_k, n_vocab)  # more than the vocabulary is all of it
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     try:
         with autocast(device_type, pick_dtype(cfg.dtype, device_type)):
             for _ in range(cfg.num_samples):
-                print_samples(model, rows, cfg, tokenizer, top_k, generator)
+                print_samples(model, rows, cfg, tokenizer, generator)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

@@ -30,13 +30,17 @@ from model import GELUS, GPT, MIXERS, POSITIONS, SCORES
 from tinygpt import budget
 from tinygpt.checkpoint import read_start, restore_run, run_state, save_checkpoint
 from tinygpt.dataset import estimate_loss, load_data, step_seed, train_batches
-from tinygpt.device import maybe_compile, peak_flops, pick_dtype, training_autocasts
+from tinygpt.device import maybe_compile, mfu, pick_dtype, training_autocasts
 from tinygpt.distributed import Processes, end_processes, start_processes
 from tinygpt.files import version
 from tinygpt.optim import configure_optimizer
 from tinygpt.outdir import RunLock, append_record, start_log
 from tinygpt.settings import check_resumable, check_settings, has_preset, model_config, resumed_config, run_out_dir
 from tinygpt.weights import finetune_settings, load_into, load_weights
+
+# How often the processes under torchrun agree to stop (a signal to one, a non-finite loss on one): an
+# agreement costs 3-7% of a CPU step with 2 processes (python bench/agreement.py); every 10 steps, <1%.
+AGREE_EVERY = 10
 
 
 @dataclass
@@ -108,9 +112,12 @@ def main(argv):
         run = set_up(cfg, sources, procs, lock)
         status = train(run)
         return status
+    except UserError:
+        status = 2  # met by every process at once (Processes.together)
+        raise
     finally:
         lock.release()
-        end_processes(finished=status == 0)
+        end_processes(finished=status is not None)
 
 
 # --- Setting up ------------------------------------------------------------------------------------
@@ -144,25 +151,28 @@ class Run:
 def set_up(cfg, sources, procs, lock):
     """The run at its first step: its settings decided and checked, its model built (from the weights
     to fine-tune, or restored from ckpt.pt), out_dir locked, and with a time budget its steps fitted."""
-    data = load_data(cfg.data_dir)
-    if procs.master:
-        lock.check_free()  # another run into out_dir is named now, not taken for a finished one
-    seen = version(Path(cfg.out_dir) / "ckpt.pt")
-    weights = load_weights(cfg.init_from, cfg.out_dir) if cfg.init_from not in ("scratch", "resume") else None
-    ckpt = read_start(cfg, procs.device)
-    cfg, time_budget = decide(cfg, sources, ckpt, weights, data, procs)
-    run = build(cfg, data, procs, weights)
-    del weights  # the copy is in the model: GPT-2's weights need not stay twice in memory
-    if procs.master:
-        lock.acquire()  # out_dir is this run's from here on; nothing in it was touched before
-        if version(Path(cfg.out_dir) / "ckpt.pt") != seen:  # another run wrote it while this one started
-            ckpt = read_start(cfg, procs.device)
+    with procs.together():  # a mistake one process meets ends them all: each block, then all agree
+        data = load_data(cfg.data_dir)
+        if procs.master:
+            lock.check_free()  # another run into out_dir is named now, not taken for a finished one
+    with procs.together():
+        seen = version(Path(cfg.out_dir) / "ckpt.pt")
+        weights = load_weights(cfg.init_from, cfg.out_dir) if cfg.init_from not in ("scratch", "resume") else None
+        ckpt = read_start(cfg, procs.device)
+        cfg, time_budget = decide(cfg, sources, ckpt, weights, data, procs)
+    with procs.together():
+        run = build(cfg, data, procs, weights)
+        del weights  # the copy is in the model: GPT-2's weights need not stay twice in memory
+        if procs.master:
+            lock.acquire()  # out_dir is this run's from here on; nothing in it was touched before
+            if version(Path(cfg.out_dir) / "ckpt.pt") != seen:  # another run wrote it while this one started
+                ckpt = read_start(cfg, procs.device)
+        if ckpt is not None:
+            check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
+            restore_run(run, ckpt)
+        if procs.master:
+            start_log(cfg.out_dir, ckpt["iter"] if ckpt else 0)  # the first write into out_dir
     if ckpt is not None:
-        check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
-    if procs.master:
-        start_log(cfg.out_dir, ckpt["iter"] if ckpt else 0)  # the first write into out_dir
-    if ckpt is not None:
-        restore_run(run, ckpt)
         procs.say(f"resuming {Path(cfg.out_dir) / 'ckpt.pt'} at iteration {run.it}")
     del ckpt
     if cfg.compile:
@@ -186,7 +196,7 @@ def decide(cfg, sources, ckpt, weights, data, procs):
     sized for the data and the budget. The dtype is picked here (auto on a CPU: measured) and kept."""
     meta, splits = data
     if ckpt is not None:
-        cfg = resumed_config(ckpt["train_config"], cfg, sources)
+        cfg = resumed_config(ckpt, cfg, sources, procs.device_type)
     dtype = pick_dtype(cfg.dtype, procs.device_type, training=True)
     cfg = dataclasses.replace(cfg, dtype=str(dtype).removeprefix("torch."))
     time_budget = budget.Budget.of(cfg, sources) if ckpt is None else None
@@ -194,9 +204,10 @@ def decide(cfg, sources, ckpt, weights, data, procs):
         cfg = finetune_settings(weights, cfg, meta)
     elif ckpt is None and not has_preset(sources):
         seconds = time_budget.seconds if time_budget else budget.parse_duration(budget.DEFAULT_BUDGET)
-        measure = functools.partial(probe_built, data=data, procs=procs)  # each model the sizing considers
+        left = seconds - procs.agree_on((budget.process_age(),))[0]  # rank 0's clock: all size alike
         cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
-                                              meta["vocab_size"], seconds, measure, procs.say)
+                                              meta["vocab_size"], left, procs.world,
+                                              lambda settings: probe(build(settings, data, procs)), procs.say)
         if time_budget is not None:
             time_budget.max_steps = max_steps
     check_settings(cfg, procs.device, data)
@@ -224,10 +235,6 @@ def probe(run):
     return run.procs.agree_on(budget.time_steps(run, step))
 
 
-def probe_built(cfg, data, procs):  # probe() of a model built for cfg, then dropped
-    return probe(build(cfg, data, procs))
-
-
 def tokens_per_step(run):
     return run.cfg.batch_size * run.cfg.grad_accum * run.procs.world * run.cfg.block_size  # both per process
 
@@ -243,10 +250,10 @@ def train(run):
     times = budget.LoopTimes(run.it)  # the loop's own step and evaluation times, for the budget
     stop_early = bool(run.cfg.patience and run.bad_evals >= run.cfg.patience)  # a resumed run that had stopped
     bar = tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None, dynamic_ncols=True)
-    signum = None  # a signal that arrived during a step: it ends the run after that step
+    signum, bad = 0, None  # a signal to any process, the first non-finite loss: each ends the run
     with terminal.StopRequested() as stop, bar:
         while True:
-            eval_due = (run.it % run.cfg.eval_interval == 0 or run.it == run.cfg.max_iters) and run.it != run.evaluated
+            eval_due = evaluation_due(run)
             if eval_due and run.time_budget is not None:  # the steps fitted again, from the loop's own times
                 run.cfg = run.time_budget.replan(run.cfg, run.it, times, run.procs.agree_on, bar.write)
                 bar.total = run.cfg.max_iters
@@ -254,10 +261,10 @@ def train(run):
             for group in run.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at muon_lr's scale
             if eval_due:
-                with times.evaluation():
+                with times.evaluation(), run.procs.together():  # a full disk there ends every process
                     if run.procs.master:
                         evaluate(run, lr, bar.write)
-                    stop_early = run.procs.agree(run.cfg.patience and run.bad_evals >= run.cfg.patience)
+                stop_early = run.procs.agree(run.cfg.patience and run.bad_evals >= run.cfg.patience)
             if run.it >= run.cfg.max_iters or stop_early:
                 break
             t0 = time.perf_counter()
@@ -267,11 +274,23 @@ def train(run):
                                     run.cfg.grad_accum, run.autocast, run.cfg)
             run.step_ms.append((time.perf_counter() - t0) * 1000)
             run.it += 1
+            bad = bad if bad is not None or math.isfinite(loss) else f"{loss} at iteration {run.it}"
             log_step(run, loss, lr, bar)
-            if stop.signum is not None:
-                signum = stop.signum
-                break
+            # Every process decides together whether to stop: after each step when alone, else every
+            # AGREE_EVERY steps and before each evaluation, so nothing is saved after a non-finite loss.
+            if run.procs.world == 1 or run.it % AGREE_EVERY == 0 or evaluation_due(run):
+                signum, failed = run.procs.most((stop.signum or 0, bad is not None))
+                if failed:
+                    bad = bad or f"not finite on another process by iteration {run.it}"
+                    raise UserError(f"loss is {bad}; the last good checkpoint is kept in {run.cfg.out_dir}. Try a "
+                                    "lower --learning_rate, or bfloat16 instead of float16")
+                if signum:
+                    break
     return finish(run, signum)
+
+
+def evaluation_due(run):  # every eval_interval steps, and at the end: once each
+    return (run.it % run.cfg.eval_interval == 0 or run.it == run.cfg.max_iters) and run.it != run.evaluated
 
 
 def get_lr(it, cfg):
@@ -323,34 +342,28 @@ def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg)
 
 
 def log_step(run, loss, lr, bar):
-    """A failed step ends the run; a good one moves the bar, and every log_interval steps is logged."""
-    # fp16's GradScaler skips steps whose gradients overflow; that is not a failure. A non-finite
-    # loss is: every step after it would be garbage, so nothing is saved.
-    if not math.isfinite(loss):
-        raise UserError(f"loss is {loss} at iteration {run.it}; the last good checkpoint is kept in "
-                        f"{run.cfg.out_dir}. Try a lower --learning_rate, or bfloat16 instead of float16")
-    if not run.procs.master:
+    """The bar moves, and every log_interval steps a line goes to log.jsonl."""
+    if not run.procs.master or not math.isfinite(loss):
         return
     tok_s = tokens_per_step(run) / (run.step_ms[-1] / 1000)
     bar.update(1)
     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
     if run.it % run.cfg.log_interval == 0:
-        record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": run.step_ms[-1], "tokens_per_s": tok_s}
-        peak = peak_flops(run.procs.device_type)
-        if peak:
-            flops = budget.train_flops_per_token(run.raw_model.num_params(), run.cfg.n_layer, run.cfg.n_embd,
-                                                 run.cfg.block_size)
-            record["mfu"] = flops * tok_s / peak
-        append_record(run.cfg.out_dir, record)
+        c = run.cfg
+        utilization = mfu(budget.train_flops_per_token(run.raw_model.num_params(), c.n_layer, c.n_embd, c.block_size),
+                          tok_s, run.procs.device_type, run.procs.world)
+        append_record(c.out_dir, {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": run.step_ms[-1],
+                                  "tokens_per_s": tok_s} | ({"mfu": utilization} if utilization else {}))
 
 
-def finish(run, signum=None):
+def finish(run, signum=0):
     """The run's last words and its exit code: stopped by a signal (ckpt.pt saved at this step, to
     continue from), stopped early (no better val loss for --patience evaluations), or done."""
     c, ckpt = run.cfg, Path(run.cfg.out_dir) / "ckpt.pt"
-    if signum is not None:
-        if run.procs.master:
-            save_checkpoint(run_state(run, None), ckpt)
+    if signum:
+        with run.procs.together():
+            if run.procs.master:
+                save_checkpoint(run_state(run, None), ckpt)
         run.procs.say(f"stopped by {signal.Signals(signum).name} at iteration {run.it}; saved {ckpt} "
                       "(continue with --init_from=resume)")
         return 128 + signum

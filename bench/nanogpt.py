@@ -294,7 +294,7 @@ def sampling_in_process(nano, shape, device, new_tokens):
 
     def run(model, **kwargs):  # nanoGPT's model.generate, or our decoding's
         sample = model.generate if model is theirs else functools.partial(generate, model)
-        return lambda: sample(start, new_tokens, temperature=0.8, top_k=200, **kwargs).size(1) - 1
+        return lambda: len(sample(start, new_tokens, temperature=0.8, top_k=200, **kwargs)[0].tolist()) - 1  # waits
 
     return tokens_per_second({"nanogpt": run(theirs), "ours": run(ours), "rope": run(rope),
                               "nocache": run(ours, use_cache=False)})

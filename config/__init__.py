@@ -12,6 +12,7 @@ import difflib
 import functools
 import math
 import operator
+import os
 import sys
 import tomllib
 import types
@@ -23,7 +24,13 @@ BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, 
 
 
 class UserError(Exception):
-    """A mistake the user can fix; scripts print it as one `error:` line, exit 2."""
+    """A mistake the user can fix; scripts print it as one `error:` line, exit 2. Under torchrun every
+    process meets the same mistakes, and rank 0 alone prints them, unless `alone` (the one process that
+    met it); one without a message has been printed by another process."""
+
+    def __init__(self, message="", alone=False):
+        super().__init__(message)
+        self.alone = alone
 
 
 def option(default, help, *, low=None, high=None, above=None, below=None, choices=None):
@@ -51,7 +58,8 @@ def cli(main):
             except SystemExit as e:  # --help: printed, and done
                 return e.code or 0
             except UserError as e:
-                print(f"error: {e}", file=sys.stderr)
+                if str(e) and (e.alone or os.environ.get("RANK", "0") == "0"):
+                    print(f"error: {e}", file=sys.stderr)
                 return 2
             except KeyboardInterrupt:
                 print("interrupted", file=sys.stderr)

@@ -81,7 +81,7 @@ def test_a_batch_given_on_the_command_line_counts_in_the_cap_on_steps():
         return 0.01, 0.1
 
     cfg = train.TrainConfig(batch_size=4)
-    sized, max_steps = budget.size_for_data(cfg, {"batch_size": "command line"}, 20_000, 2_000, 65, 36_000,
+    sized, max_steps = budget.size_for_data(cfg, {"batch_size": "command line"}, 20_000, 2_000, 65, 36_000, 1,
                                             measure, say=lambda *a: None)
     assert sized.batch_size == 4
     assert max_steps == budget.most_steps(20_000, 4 * sized.block_size)  # MAX_EPOCHS passes of batch 4, not the rule's

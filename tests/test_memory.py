@@ -94,10 +94,19 @@ def test_a_model_whose_bound_fits_is_not_measured(monkeypatch, dtype):
         raise AssertionError("training_memory was called")
 
     mconf = small_model()
-    bound = memory_bound(mconf, 8, 16)
+    bound = memory_bound(mconf, 8, 16, shrink=4 // dtype.itemsize)  # 16-bit activations: half their room
     monkeypatch.setattr(device, "training_memory", unwanted)
-    monkeypatch.setattr(device, "memory_size", lambda name: (bound * dtype.itemsize // 4, "this test's memory"))
-    check_model_fits(mconf, 8, 16, "cpu", dtype)  # 16-bit activations: half the bound is enough
+    monkeypatch.setattr(device, "memory_size", lambda name: (bound, "this test's memory"))
+    check_model_fits(mconf, 8, 16, "cpu", dtype)
+
+
+def test_16_bit_activations_leave_the_fp32_weights_gradients_and_moments_whole(monkeypatch):
+    mconf = GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=128)
+    n_params, measured = training_memory(mconf, 1, 4)
+    assert measured - 16 * n_params < 16 * n_params  # the parameters' share is most of it
+    monkeypatch.setattr(device, "memory_size", lambda name: (16 * n_params, "this test's memory"))  # room for those
+    with pytest.raises(UserError, match="needs at least"):
+        check_model_fits(mconf, 1, 4, "cpu", torch.bfloat16)
 
 
 def test_a_model_whose_bound_does_not_fit_is_measured_and_passes_if_the_measurement_fits(monkeypatch):
@@ -108,7 +117,7 @@ def test_a_model_whose_bound_does_not_fit_is_measured_and_passes_if_the_measurem
     monkeypatch.setattr(device, "memory_size", lambda name: (measured, "this test's memory"))
     assert memory_bound(mconf, 8, 16) > measured
     check_model_fits(mconf, 8, 16, "cpu", torch.float32)
-    assert calls == [(mconf, 8, 16)]
+    assert calls == [(mconf, 8, 16, 1)]
 
 
 def test_a_model_whose_measurement_does_not_fit_is_refused_with_what_it_needs(monkeypatch):

@@ -148,22 +148,23 @@ def size_run(train_tokens, val_tokens, vocab_size, seconds, rate):
     return settings, reason
 
 
-def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds, measure, say=print):
+def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_left, world, measure, say=print):
     """cfg (a train.TrainConfig) with the model and training chosen by choose_run for the data and
-    the budget, except what the command line set; and the most steps worth taking on this data.
-    measure(cfg) -> (seconds per step, seconds per evaluation), on this device."""
+    the seconds left of the budget, except what the command line set; and the most steps worth taking
+    on this data. world processes train together, each its own batch_size x grad_accum sequences a
+    step. measure(cfg) -> (seconds per step, seconds per evaluation), on this device."""
 
-    def rate(settings):  # training FLOP/s of a model so configured, on this device
+    def rate(settings):  # training FLOP/s of a model so configured, on these devices together
         probe = dataclasses.replace(cfg, **settings)
         step_s, _ = measure(probe)
         flops = model_flops_per_token(probe.n_layer, probe.n_embd, probe.block_size, vocab_size)
-        return probe.batch_size * probe.grad_accum * probe.block_size * flops / step_s
+        return world * probe.batch_size * probe.grad_accum * probe.block_size * flops / step_s
 
-    settings, reason = size_run(train_tokens, val_tokens, vocab_size, seconds - process_age(), rate)
+    settings, reason = size_run(train_tokens, val_tokens, vocab_size, seconds_left, rate)
     kept = sorted(k for k in settings if k in sources)
     say(f"no preset: sized for the data. {reason}" + (f" ({', '.join(kept)} as given)" if kept else ""))
     cfg = dataclasses.replace(cfg, **{k: v for k, v in settings.items() if k not in sources})
-    return cfg, most_steps(train_tokens, cfg.batch_size * cfg.grad_accum * cfg.block_size)  # the batch as given
+    return cfg, most_steps(train_tokens, world * cfg.batch_size * cfg.grad_accum * cfg.block_size)  # as given
 
 
 def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, elapsed=None, say=print):

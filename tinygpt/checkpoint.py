@@ -67,14 +67,16 @@ def run_state(run, val_loss):
     return {"format": CHECKPOINT_FORMAT, "model": run.raw_model.state_dict(),
             "model_config": dataclasses.asdict(run.raw_model.config), "train_config": dataclasses.asdict(run.cfg),
             "meta": run.meta, "iter": run.it, "best_val_loss": run.best_val, "val_loss": val_loss,
-            "bad_evals": run.bad_evals, "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict()}
+            "bad_evals": run.bad_evals, "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict(),
+            "device_type": run.procs.device_type}
 
 
 def restore_run(run, ckpt):
     """run (train.Run, not yet compiled or wrapped) as run_state left it in ckpt."""
     run.raw_model.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(ckpt["optimizer"])
-    run.scaler.load_state_dict(ckpt["scaler"])
+    if ckpt["scaler"]:  # empty where the run trained without fp16's scaling; a resume in fp16 starts it afresh
+        run.scaler.load_state_dict(ckpt["scaler"])
     run.it, run.best_val, run.bad_evals = ckpt["iter"], ckpt["best_val_loss"], ckpt.get("bad_evals", 0)
     run.evaluated = run.it if ckpt["val_loss"] is not None else None  # None: saved on a signal, not evaluated
 

@@ -24,6 +24,8 @@ from tinygpt.textfiles import CHUNK_BYTES, read_chunks
 from tinygpt.tokenizer import cpu_count, cut_point
 
 META_FORMAT = 1
+# A data set's files (and what older versions left when killed); a new one replaces these alone.
+DATASET_FILES = ("train.bin", "val.bin", "meta.json", "tokens.bin.tmp", "val.bin.tmp", "meta.json.tmp")
 DTYPES = ("uint16", "uint32")
 
 

@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import functools
 import platform
+import re
 import shutil
 import time
 from pathlib import Path
@@ -16,8 +17,11 @@ from model import GPT
 from tinygpt.system import memory_bytes
 from tinygpt.tokenizer import cpu_count
 
-# Dense bf16 tensor-core peaks, for MFU. A device not listed gets no MFU figure.
-PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
+# Dense bf16 tensor-core peaks, for MFU, by a pattern of torch.cuda.get_device_name(), the most specific first
+# ("NVIDIA H100 PCIe" is no SXM H100). A GPU not listed (an A10G, whose peak NVIDIA does not publish) gets no MFU.
+PEAK_FLOPS = [(r"H100.*PCIe", 756e12), (r"H100.*NVL", 835e12), (r"H100", 989e12), (r"H200.*NVL", 835e12),
+              (r"H200", 989e12), (r"A100", 312e12), (r"\bA10\b", 125e12), (r"\bL40S\b", 362e12),
+              (r"\bL4\b", 121e12), (r"RTX 4090", 165e12)]
 
 
 def pick_device(name):
@@ -46,11 +50,11 @@ def check_device(name):
 
 
 def memory_size(device):
-    """(bytes, what) of the memory a model on device lives in: the GPU's; on Apple Silicon (mps) the
+    """(bytes, what) of the memory a model on device lives in: the GPU's free memory; on Apple Silicon (mps) the
     share of the memory it shares with the CPU that Metal lets the GPU use; else the machine's RAM,
     within a container's limit if it sets one. (None, what) where the system does not say."""
     if device.startswith("cuda"):
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory, f"{device}'s memory"
+        return torch.cuda.mem_get_info(torch.device(device))[0], f"{device}'s free memory"
     if device.startswith("mps"):
         return torch.mps.recommended_max_memory(), "the memory Metal lets mps use (shared with the CPU)"
     size = memory_bytes()
@@ -61,12 +65,12 @@ def memory_size(device):
     return size, "this machine's memory"
 
 
-def training_memory(mconf, batch_size, block_size):
+def training_memory(mconf, batch_size, block_size, shrink=1):
     """(parameters, bytes) of training mconf on batches of (batch_size, block_size): at
     least each parameter's fp32 weight, gradient and two AdamW moments (16 bytes), the
-    buffers, what the forward pass keeps for the backward one, and the logits' gradient.
-    Measured on the meta device, which has shapes but no data: no memory and no time,
-    however large the model. The blocks are alike, so models of 0 and 1 block tell all."""
+    buffers, what the forward pass keeps for the backward one, and the logits' gradient (those two
+    divided by shrink: 2 in 16 bits). Measured on the meta device, which has shapes but no data: no
+    memory and no time, however large the model. The blocks are alike: models of 0 and 1 block tell all."""
     def measure(n_layer):
         with torch.device("meta"):
             model = GPT(dataclasses.replace(mconf, n_layer=n_layer))
@@ -85,10 +89,10 @@ def training_memory(mconf, batch_size, block_size):
     n_params = params0 + mconf.n_layer * (params1 - params0)
     n_buffers = buffers0 + mconf.n_layer * (buffers1 - buffers0)
     kept = kept0 + mconf.n_layer * (kept1 - kept0)
-    return n_params, 16 * n_params + 4 * n_buffers + kept + 4 * batch_size * block_size * mconf.vocab_size
+    return n_params, 16 * n_params + 4 * n_buffers + (kept + 4 * batch_size * block_size * mconf.vocab_size) // shrink
 
 
-def memory_bound(mconf, batch_size, block_size):
+def memory_bound(mconf, batch_size, block_size, shrink=1):
     """At least what training_memory(mconf, batch_size, block_size) measures, from the config's numbers alone:
     microseconds, where the measurement's first meta op imports torch's meta kernels and sympy (over a second)."""
     C, V, T, tokens = mconf.n_embd, mconf.vocab_size, block_size, batch_size * block_size  # T queries, T keys
@@ -115,21 +119,21 @@ def memory_bound(mconf, batch_size, block_size):
     once = tokens * (8 + 4 * C * (2 + drop + ln) + 8 * ln + 8 * V) + 8 * T + 4
     kept = 4 * params + once + mconf.n_layer * per_layer  # the weights too: the backward pass reads them
     # 16 bytes a parameter (weight, gradient, AdamW's two moments); what torch 2.13 keeps and a quarter more.
-    return 16 * params + 4 * buffers + kept * 5 // 4
+    return 16 * params + 4 * buffers + kept * 5 // 4 // shrink
 
 
 def check_model_fits(mconf, batch_size, block_size, device, dtype):
     """Refuses, before it is built, a model whose training cannot fit in the device's memory."""
-    shrink = 2 if dtype.itemsize < 4 else 1  # activations in 16 bits: at least half of it still
+    # Activations in 16 bits take half the room, at least; weights, gradients and AdamW's moments stay fp32.
+    shrink = 2 if dtype.itemsize < 4 else 1
     size, where = memory_size(device)
-    if size is None or memory_bound(mconf, batch_size, block_size) // shrink <= size:
+    if size is None or memory_bound(mconf, batch_size, block_size, shrink) <= size:
         return  # fits for sure (no second spent measuring), or no size to hold it against
     try:
-        n_params, needed = training_memory(mconf, batch_size, block_size)
+        n_params, needed = training_memory(mconf, batch_size, block_size, shrink)
     except (RuntimeError, OverflowError) as e:  # sizes past what a tensor can have
         raise UserError(f"the model is too large to build ({str(e).splitlines()[0][:120]}); "
                         "make it smaller (--n_layer, --n_embd, --block_size, --batch_size)") from None
-    needed //= shrink
     if needed > size:
         raise UserError(f"training a model of {n_params:,} parameters on batches of {batch_size} x {block_size} "
                         f"tokens needs at least {gigabytes(needed)}, and {where} is {gigabytes(size)}; make it "
@@ -201,7 +205,14 @@ def peak_flops(device_type):
     if device_type != "cuda":
         return None
     name = torch.cuda.get_device_name()
-    return next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
+    return next((flops for pattern, flops in PEAK_FLOPS if re.search(pattern, name)), None)
+
+
+def mfu(flops_per_token, tokens_per_s, device_type, world=1):
+    """Model FLOPs utilization: the FLOP/s of training tokens_per_s (over every process) against the
+    peak of world GPUs; None off a GPU we know."""
+    peak = peak_flops(device_type)
+    return flops_per_token * tokens_per_s / (world * peak) if peak else None
 
 
 def maybe_compile(model, device_type):

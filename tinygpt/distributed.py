@@ -6,6 +6,7 @@ PyTorch's DistributedDataParallel averages the gradients; what else must be the 
 every process (a plan, a decision to stop) is rank 0's, broadcast to all (agree_on).
 """
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from config import UserError
 from tinygpt.device import check_device, pick_device
 from tinygpt.system import keep_freed_memory
 
@@ -52,6 +54,37 @@ class Processes:
         """Rank 0's flag on every process: its evaluations decide for all."""
         return bool(self.agree_on((float(bool(flag)),))[0])
 
+    def most(self, numbers):
+        """Each number's largest value over the processes, on every process: any one's stop request
+        (a signal's number), or trouble (a non-finite loss: 1), is every process's."""
+        if self.world == 1:
+            return tuple(numbers)
+        t = torch.tensor(numbers, dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return tuple(t.tolist())
+
+    @contextlib.contextmanager
+    def together(self):
+        """A block that may end in a UserError on some processes and not others (rank 0 alone writes
+        to out_dir; a process's own device): afterwards every process learns whether any failed, and
+        then each raises a UserError, the first failing rank's message printed once, so all exit 2
+        rather than some waiting forever in a collective for the others."""
+        error = None
+        try:
+            yield
+        except UserError as e:
+            error = e
+        if self.world > 1:
+            first = self.most((-(self.rank if error is not None else self.world),))[0] * -1  # the lowest failed
+            if first < self.world and error is None:
+                raise UserError()  # printed by the process that met it
+            if error is not None and first == self.rank:
+                raise UserError(str(error), alone=True) from None
+            if error is not None:
+                raise UserError() from None
+        elif error is not None:
+            raise error
+
     def wrap(self, model):
         """model under DDP when started by torchrun (even as one process), else model itself."""
         if not dist.is_initialized():
@@ -65,11 +98,13 @@ def start_processes(device_name):
     device = check_device(pick_device(device_name))
     if device == "cpu":
         keep_freed_memory()  # each step reuses the last one's memory: no page faults
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.fp32_precision = "tf32"  # fp32 matmuls (--dtype=float32) on tensor cores
+        if "RANK" in os.environ:
+            device = f"cuda:{os.environ['LOCAL_RANK']}"  # torchrun's processes: one GPU each
+        torch.cuda.set_device(device)  # what follows (bf16 support, the GPU's name, pinned memory) reads this GPU
     if "RANK" not in os.environ:
         return Processes(0, 1, device)
-    if device.startswith("cuda"):
-        device = f"cuda:{os.environ['LOCAL_RANK']}"
-        torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     return Processes(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
 

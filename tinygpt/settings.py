@@ -55,13 +55,16 @@ def run_out_dir(cfg, sources):
     return str(Path("out") / Path(cfg.data_dir).name)
 
 
-def resumed_config(saved, cfg, sources):
+def resumed_config(ckpt, cfg, sources, device_type):
     """The settings the run started with, from its checkpoint, with what a preset or the command
     line sets now laid over them: a resumed run keeps the choices made at its start (the model
-    sized for the data, the steps its time budget bought) and does not choose again."""
+    sized for the data, the steps its time budget bought) and does not choose again; except its
+    dtype on another kind of device (a run begun on a CPU, resumed on a GPU), picked again there."""
     known = {f.name for f in dataclasses.fields(cfg)}
-    start = type(cfg)(**{k: v for k, v in saved.items() if k in known})
+    start = type(cfg)(**{k: v for k, v in ckpt["train_config"].items() if k in known})
     now = {k: getattr(cfg, k) for k in sources} | {"out_dir": cfg.out_dir, "init_from": "resume"}
+    if ckpt.get("device_type", device_type) != device_type and "dtype" not in sources:
+        now["dtype"] = "auto"
     return dataclasses.replace(start, **now)
 
 

@@ -1,0 +1,95 @@
+"""What the processes' agreement after each training step costs: two gloo processes on this machine,
+each timing its training step (DDP) and the agreement (Processes.most, one all-reduce of two numbers)
+in turn, as train.py runs them one after the other.
+
+    python bench/agreement.py                                   # nanoGPT's CPU model (the classic preset)
+    python bench/agreement.py --preset=config/shakespeare_char_cpu_fast.toml --rounds=300
+
+Prints each process's step with and without the agreement after it (the median of blocks of ten steps,
+taking turns), and the agreement alone, back to back.
+"""
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
+
+from config import cli, load_config, option  # noqa: E402
+
+
+@dataclass
+class BenchConfig:
+    preset: str = option(str(ROOT / "config" / "shakespeare_char_cpu.toml"), "the run whose step is timed")
+    rounds: int = option(200, "steps (and agreements) timed in each process, after 20 to warm up", low=1)
+
+
+def worker(preset, rounds):
+    """One of the two processes: train.py's own step under DDP, and the agreement, taking turns."""
+    import functools
+
+    import numpy as np
+    import torch
+
+    import train
+    from tinygpt.dataset import get_batch
+    from tinygpt.device import pick_dtype, training_autocasts
+    from tinygpt.distributed import start_processes
+    from tinygpt.optim import configure_optimizer
+    from tinygpt.settings import model_config
+
+    cfg = load_config(train.TrainConfig, [preset, "--device=cpu"])
+    procs = start_processes("cpu")
+    torch.manual_seed(0)
+    model = train.GPT(model_config(cfg, 65))
+    optimizer = configure_optimizer(model, cfg, "cpu")
+    ddp = procs.wrap(model)
+    data = np.random.default_rng(procs.rank).integers(0, 65, 200_000).astype(np.uint16)
+    rng = np.random.default_rng(1)
+    batch = functools.partial(get_batch, data, cfg.batch_size, cfg.block_size, rng, "cpu")
+    autocast = training_autocasts("cpu", pick_dtype(cfg.dtype, "cpu", training=True))[0]
+    step = functools.partial(train.train_step, ddp, optimizer, torch.amp.GradScaler("cpu", enabled=False), batch,
+                             *batch(), cfg.grad_accum, autocast, cfg)
+    blocks = {True: [], False: []}  # per-step time of blocks of 10 steps, with the agreement after each or not
+    for b in range(2 * (rounds // 10) + 4):
+        agree = b % 2 == 0
+        t0 = time.perf_counter()
+        for _ in range(10):
+            step()
+            if agree:
+                procs.most((0, 0))
+        if b >= 4:  # the first blocks warm up
+            blocks[agree].append((time.perf_counter() - t0) / 10)
+    t1 = time.perf_counter()
+    for _ in range(rounds):
+        procs.most((0, 0))
+    alone_us = (time.perf_counter() - t1) / rounds * 1e6
+    with_ms, without_ms = (statistics.median(blocks[k]) * 1e3 for k in (True, False))
+    print(f"rank {procs.rank}: a step {without_ms:.2f} ms, with the agreement {with_ms:.2f} ms "
+          f"({with_ms / without_ms - 1:+.2%}); the agreement alone {alone_us:.0f} us (mean of {rounds})", flush=True)
+    torch.distributed.destroy_process_group()
+
+
+@cli
+def main(argv):
+    cfg = load_config(BenchConfig, argv, "bench/agreement.py", __doc__.strip().splitlines()[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'bench')!r}); " \
+           f"import agreement; agreement.worker({cfg.preset!r}, {cfg.rounds})"
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
+                              env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+             for rank in range(2)]
+    return max(p.wait() for p in procs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The CUDA and multi-process decisions that can be checked without a GPU: the peak each GPU's MFU is
+measured against, MFU over many processes, TF32 and the GPU a lone process trains on, a dtype picked
+again when a run moves to another kind of device, fp16's scaler on a resume, and sizing for several
+processes. What only a GPU can show is listed in docs/results.md."""
+
+import pytest
+import torch
+
+import train
+from tinygpt import budget, checkpoint, device, distributed, settings
+
+TINY = "config/tiny.toml"
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A10", 125e12), ("NVIDIA A10G", None), ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12),
+    ("NVIDIA GeForce RTX 4090", 165e12), ("NVIDIA GeForce RTX 3060", None)])
+def test_each_gpu_is_measured_against_its_own_peak(monkeypatch, name, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: name)
+    assert device.peak_flops("cuda") == peak
+
+
+def test_mfu_over_several_processes_is_against_as_many_gpus(monkeypatch):
+    monkeypatch.setattr(device, "peak_flops", lambda device_type: 100.0)
+    assert device.mfu(2.0, 40.0, "cuda", world=1) == 0.8
+    assert device.mfu(2.0, 40.0, "cuda", world=8) == 0.1  # 8 processes' tokens on 8 GPUs' peak
+
+
+def test_a_lone_process_on_cuda_n_trains_on_that_gpu_with_tf32(monkeypatch):
+    chosen = []
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(distributed, "check_device", lambda name: name)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        procs = distributed.start_processes("cuda:1")
+        assert (procs.device, chosen, torch.backends.cuda.matmul.fp32_precision) == ("cuda:1", ["cuda:1"], "tf32")
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+
+
+@pytest.mark.parametrize("then, now, given, expected", [
+    ("cpu", "cuda", {}, "auto"),  # begun on a CPU in fp32, resumed on a GPU: picked again there
+    ("cpu", "cpu", {}, "float32"),  # the same kind of device: kept
+    ("cpu", "cuda", {"dtype": "command line"}, "bfloat16"),  # what the command line says, always
+])
+def test_a_resumed_run_picks_its_dtype_again_only_on_another_kind_of_device(then, now, given, expected):
+    ckpt = {"train_config": {"dtype": "float32"}, "device_type": then}
+    cfg = train.TrainConfig(dtype="bfloat16" if given else "auto")
+    assert settings.resumed_config(ckpt, cfg, given, now).dtype == expected
+
+
+def test_a_run_resumed_in_float16_starts_its_loss_scaling_afresh(data_dir, tmp_path):
+    args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}"]
+    assert train.main([*args, "--max_iters=2", "--dtype=bfloat16"]) == 0
+    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["scaler"] == {}  # bf16 scales nothing
+    assert train.main([*args, "--init_from=resume", "--max_iters=4", "--dtype=float16"]) == 0
+    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["scaler"]["scale"] > 0
+
+
+def test_sizing_for_two_processes_counts_both(monkeypatch):
+    cfg = train.TrainConfig()
+
+    def sized(world):
+        return budget.size_for_data(cfg, {}, 100_000, 10_000, 65, 60.0, world, lambda c: (0.05, 0.5),
+                                    say=lambda *a: None)
+
+    (one, one_steps), (two, two_steps) = sized(1), sized(2)
+    assert budget.block_params(two.n_layer, two.n_embd) >= budget.block_params(one.n_layer, one.n_embd)
+    tokens = [c.batch_size * c.block_size * w * steps for c, w, steps in ((one, 1, one_steps), (two, 2, two_steps))]
+    assert tokens[1] == pytest.approx(tokens[0], rel=0.05)  # the passes cap counts every process's batches
