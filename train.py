@@ -39,7 +39,7 @@ from tinygpt.settings import check_resumable, check_settings, has_preset, model_
 from tinygpt.weights import finetune_settings, load_into, load_weights
 
 # How often the processes under torchrun agree to stop (a signal to one, a non-finite loss on one): an
-# agreement costs 3-7% of a CPU step with 2 processes (python bench/agreement.py); every 10 steps, <1%.
+# agreement after each step cost 3-7% of a CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py).
 AGREE_EVERY = 10
 
 

@@ -5,8 +5,8 @@ in turn, as train.py runs them one after the other.
     python bench/agreement.py                                   # nanoGPT's CPU model (the classic preset)
     python bench/agreement.py --preset=config/shakespeare_char_cpu_fast.toml --rounds=300
 
-Prints each process's step with and without the agreement after it (the median of blocks of ten steps,
-taking turns), and the agreement alone, back to back.
+Prints each process's step without the agreement, with it after every step, and with it every 10 steps as
+train.py does (medians of blocks of ten steps, the three taking turns), and one agreement alone.
 """
 
 import os
@@ -56,23 +56,24 @@ def worker(preset, rounds):
     autocast = training_autocasts("cpu", pick_dtype(cfg.dtype, "cpu", training=True))[0]
     step = functools.partial(train.train_step, ddp, optimizer, torch.amp.GradScaler("cpu", enabled=False), batch,
                              *batch(), cfg.grad_accum, autocast, cfg)
-    blocks = {True: [], False: []}  # per-step time of blocks of 10 steps, with the agreement after each or not
-    for b in range(2 * (rounds // 10) + 4):
-        agree = b % 2 == 0
+    every = {1: [], 10: [], 0: []}  # per-step time of blocks of 10 steps: agreeing after each, after the 10th, never
+    for b in range(3 * (rounds // 10) + 6):
+        cadence = (1, 10, 0)[b % 3]
         t0 = time.perf_counter()
-        for _ in range(10):
+        for i in range(1, 11):
             step()
-            if agree:
+            if cadence and i % cadence == 0:
                 procs.most((0, 0))
-        if b >= 4:  # the first blocks warm up
-            blocks[agree].append((time.perf_counter() - t0) / 10)
+        if b >= 6:  # the first blocks warm up
+            every[cadence].append((time.perf_counter() - t0) / 10)
     t1 = time.perf_counter()
     for _ in range(rounds):
         procs.most((0, 0))
     alone_us = (time.perf_counter() - t1) / rounds * 1e6
-    with_ms, without_ms = (statistics.median(blocks[k]) * 1e3 for k in (True, False))
-    print(f"rank {procs.rank}: a step {without_ms:.2f} ms, with the agreement {with_ms:.2f} ms "
-          f"({with_ms / without_ms - 1:+.2%}); the agreement alone {alone_us:.0f} us (mean of {rounds})", flush=True)
+    ms = {k: statistics.median(v) * 1e3 for k, v in every.items()}
+    print(f"rank {procs.rank}: a step {ms[0]:.2f} ms; agreeing after each step {ms[1]:.2f} ms "
+          f"({ms[1] / ms[0] - 1:+.2%}), every 10 steps {ms[10]:.2f} ms ({ms[10] / ms[0] - 1:+.2%}); "
+          f"one agreement alone {alone_us:.0f} us", flush=True)
     torch.distributed.destroy_process_group()
 
 
