@@ -146,8 +146,7 @@ class MultiHeadAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.fused = config.fused_attention
         self.score_vector = score_vectors(config.n_head, config.head_size) if config.score == "additive" else None
-        self.keep_weights = False  # True: the written-out attention, keeping its weights in self.weights
-        self.weights = None
+        self.keep_weights, self.weights = False, None  # keep_weights: written out, keeping them in self.weights
 
     def forward(self, x, ctx):
         B, T, C = x.shape

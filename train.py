@@ -170,8 +170,6 @@ def set_up(cfg, sources, procs, lock):
         if ckpt is not None:
             check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
             restore_run(run, ckpt)
-        if procs.master:
-            start_log(cfg.out_dir, ckpt["iter"] if ckpt else 0)  # the first write into out_dir
     if ckpt is not None:
         procs.say(f"resuming {Path(cfg.out_dir) / 'ckpt.pt'} at iteration {run.it}")
     del ckpt
@@ -182,6 +180,9 @@ def set_up(cfg, sources, procs, lock):
         step_s, eval_s = probe(run)
         elapsed = procs.agree_on((budget.process_age(),))[0]
         run.cfg, run.time_budget = time_budget.fit(run.cfg, step_s, eval_s, elapsed, procs.say), time_budget
+    with procs.together():  # the first write into out_dir, once every check and the probe have passed
+        if procs.master:
+            start_log(cfg.out_dir, run.it)
     c, sequences = run.cfg, run.cfg.batch_size * run.cfg.grad_accum * procs.world
     ddp = f", DDP over {procs.backend}" if procs.backend else ""
     procs.say(f"{run.raw_model.num_params():,} parameters; {tokens_per_step(run):,} tokens per step: batch "
@@ -201,7 +202,7 @@ def decide(cfg, sources, ckpt, weights, data, procs):
     cfg = dataclasses.replace(cfg, dtype=str(dtype).removeprefix("torch."))
     time_budget = budget.Budget.of(cfg, sources) if ckpt is None else None
     if ckpt is None and weights is not None:
-        cfg = finetune_settings(weights, cfg, meta)
+        cfg = finetune_settings(weights, cfg, meta, sources)
     elif ckpt is None and not has_preset(sources):
         seconds = time_budget.seconds if time_budget else budget.parse_duration(budget.DEFAULT_BUDGET)
         left = seconds - procs.agree_on((budget.process_age(),))[0]  # rank 0's clock: all size alike

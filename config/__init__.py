@@ -123,6 +123,8 @@ def _convert(name, tp, value, source, from_text=False):
         raise bad
     if base is str and isinstance(value, str):
         return value
+    if base is str and isinstance(value, (int, float)) and not isinstance(value, bool):  # max_time = 90 in TOML
+        raise UserError(f'{source}: {name} must be str, got {value!r}: put it in quotes, {name} = "{value}"')
     raise bad
 
 

@@ -108,7 +108,7 @@ CASES = [
     ("truncated checkpoint (sample)", "sample", lambda ws: truncate_checkpoint(ws, "best.pt"),
      lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=5"], "truncated"),
     ("a file that is not a checkpoint", "sample", lambda ws: write(ws / "out" / "best.pt", "hello, world\n"),
-     lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=5"], "not a readable checkpoint"),
+     lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=5"], "is not a checkpoint (torch.save writes a zip"),
     ("a checkpoint from a newer format", "sample", newer_checkpoint,
      lambda ws: [f"--out_dir={ws / 'out'}", "--max_new_tokens=5"], "newer than this code"),
     ("missing checkpoint", "sample", None,

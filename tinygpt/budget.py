@@ -31,6 +31,7 @@ from tinygpt.settings import has_preset
 from tinygpt.system import process_age  # the budget's clock
 
 DEFAULT_BUDGET = "5m"  # with no preset and no --max_iters: a few minutes of a laptop's time
+MAX_BUDGET = 1000 * 3600  # the longest budget planned for, in seconds (longer ones overflow the sizing's sums)
 
 
 def parse_duration(text):
@@ -38,11 +39,14 @@ def parse_duration(text):
     units = {"h": 3600, "m": 60, "s": 1}
     cleaned = text.strip().lower().replace(" ", "")
     if re.fullmatch(r"\d+(\.\d*)?", cleaned):
-        return float(cleaned)
+        cleaned += "s"
     parts = re.findall(r"(\d+(?:\.\d*)?)([hms])", cleaned)
     if not parts or "".join(n + u for n, u in parts) != cleaned:
         raise UserError(f"max_time must be a duration such as 90s, 5m, 2h or 1h30m, got {text!r}")
-    return sum(float(n) * units[u] for n, u in parts)
+    seconds = sum(float(n) * units[u] for n, u in parts)
+    if not seconds <= MAX_BUDGET:
+        raise UserError(f"max_time {text!r} is longer than a run can plan for (at most 1000h); give a shorter one")
+    return seconds
 
 
 # --- The rule -----------------------------------------------------------------------------
@@ -138,6 +142,7 @@ def size_run(train_tokens, val_tokens, vocab_size, seconds, rate):
     is measured as chosen."""
     keys = ("n_layer", "n_embd", "block_size", "batch_size", "dropout")
     choice, tried = {**shape_settings(*SHAPES[2]), **RECIPE, "batch_size": 16, "dropout": 0.0}, []
+    choice["block_size"] = min(choice["block_size"], val_tokens // 2)  # a short text's: probed as it would train
     for _ in range(5):
         settings, _, reason = choose_run(train_tokens, val_tokens, vocab_size, rate(choice), seconds)
         chosen = [settings[k] for k in keys]
@@ -154,13 +159,18 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_le
     on this data. world processes train together, each its own batch_size x grad_accum sequences a
     step. measure(cfg) -> (seconds per step, seconds per evaluation), on this device."""
 
+    # The recipe's rotary angles turn a dot product's queries and keys: not for attention that has none.
+    rope = getattr(cfg, "mixer", "multihead") in ("head", "multihead") and getattr(cfg, "score", "dot") == "dot"
+
     def rate(settings):  # training FLOP/s of a model so configured, on these devices together
-        probe = dataclasses.replace(cfg, **settings)
+        probe = dataclasses.replace(cfg, **{k: v for k, v in settings.items() if rope or k != "pos"})
         step_s, _ = measure(probe)
         flops = model_flops_per_token(probe.n_layer, probe.n_embd, probe.block_size, vocab_size)
         return world * probe.batch_size * probe.grad_accum * probe.block_size * flops / step_s
 
     settings, reason = size_run(train_tokens, val_tokens, vocab_size, seconds_left, rate)
+    if not rope:
+        settings.pop("pos")
     kept = sorted(k for k in settings if k in sources)
     say(f"no preset: sized for the data. {reason}" + (f" ({', '.join(kept)} as given)" if kept else ""))
     cfg = dataclasses.replace(cfg, **{k: v for k, v in settings.items() if k not in sources})

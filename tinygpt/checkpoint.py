@@ -33,8 +33,8 @@ def checkpoint_path(out_dir, name=""):
     """out_dir/name; with no name, the run's best model: best.pt (the lowest val loss) when it
     exists, else ckpt.pt (the latest step), which a run writes before any best.pt."""
     out_dir = Path(out_dir)
-    if name:
-        return out_dir / name
+    if name:  # a name in out_dir, or a path to the file itself
+        return Path(name) if Path(name).parent != Path(".") and Path(name).is_file() else out_dir / name
     return out_dir / "best.pt" if (out_dir / "best.pt").is_file() else out_dir / "ckpt.pt"
 
 
@@ -46,13 +46,15 @@ def load_checkpoint(path, device="cpu"):
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # torch raises many types for a bad file
-        if type(e).__name__ == "UnpicklingError":  # weights_only met something other than plain data
-            raise UserError(f"{path} holds objects other than tensors and plain data, which could run code "
-                            "when loaded; refused. Load only checkpoints written by train.py") from None
         with open(path, "rb") as f:
             zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+        if zipped and type(e).__name__ == "UnpicklingError":  # weights_only met something other than plain data
+            raise UserError(f"{path} holds objects other than tensors and plain data, which could run code "
+                            "when loaded; refused. Load only checkpoints written by train.py") from None
         problem = "is truncated or damaged" if zipped else "is not a checkpoint (torch.save writes a zip archive)"
-        raise UserError(f"{path} {problem}; not a readable checkpoint: retrain, or use best.pt") from None
+        other = {"best.pt": "ckpt.pt", "ckpt.pt": "best.pt"}.get(path.name)
+        instead = f"use {path.with_name(other)} if it is there, or retrain" if other else "retrain"
+        raise UserError(f"{path} {problem}; {instead}") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
         raise UserError(f"{path} is not a checkpoint written by train.py")
     if ckpt.get("format", 0) > CHECKPOINT_FORMAT:

@@ -161,7 +161,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
     span = model.config.window or block  # the most keys a query sees
     slides = model.config.pos == "rope"
     reach = model.config.n_layer * (span - 1) + 1 if slides else block  # the context the newest token reads
-    keep = reach if slides else block - max(1, block // 4)  # tokens left in the window after it moves
+    keep = reach if slides else max(1, block - max(1, block // 4))  # tokens left in the window after it moves
     idx = idx[:, -block:]
     valid = None if valid is None else valid[:, -block:]
     cache = None

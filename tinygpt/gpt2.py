@@ -110,9 +110,21 @@ def read_weights(directory):
 # --- Mapping GPT-2 onto model.GPT ---------------------------------------------------------------
 
 
+# config.json's sizes, each a whole number in this range: past it, no GPT-2 (1.5B: 48 x 1600, 1024 positions)
+SIZE_FIELDS = {"n_layer": 256, "n_head": 256, "n_embd": 1 << 16, "n_positions": 1 << 17, "vocab_size": 1 << 20}
+
+
 def gpt_config(hf, source):
     """The GPTConfig of a Hugging Face GPT-2 config.json, or a UserError for what GPT can not be."""
-    n_embd = hf.get("n_embd")
+    if not isinstance(hf, dict):
+        raise UserError(f"{source}: config.json holds a JSON {type(hf).__name__}, not an object; download it again")
+    for key, most in SIZE_FIELDS.items():
+        value = hf.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+            raise UserError(f"{source}: config.json's {key} must be a whole number from 1 to {most:,}, got {value!r}")
+    if hf["n_embd"] % hf["n_head"]:
+        raise UserError(f"{source}: config.json's n_embd ({hf['n_embd']}) is not a multiple of n_head ({hf['n_head']})")
+    n_embd = hf["n_embd"]
     unsupported = {
         "model_type": hf.get("model_type") != "gpt2",
         "activation_function": hf.get("activation_function", "gelu_new") not in GELU,

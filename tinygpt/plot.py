@@ -100,7 +100,15 @@ def read_evals(run):
             records.append(json.loads(line))
         except ValueError:
             raise UserError(f"{path} line {n} is not JSON; is it a log written by train.py?") from None
-    evals = [r for r in records if isinstance(r, dict) and "val_loss" in r and "iter" in r]
+    evals = []
+    for n, record in enumerate(records, 1):
+        if not isinstance(record, dict) or "val_loss" not in record:
+            continue  # a step's record
+        for key in ("iter", "train_loss", "val_loss"):
+            if not isinstance(record.get(key), (int, float)) or isinstance(record.get(key), bool):
+                raise UserError(f"{path} line {n}: an evaluation whose {key} is {record.get(key)!r}; is it a log "
+                                "written by train.py?")
+        evals.append(record)
     if not evals:
         raise UserError(f"{path} has no evaluations yet; train.py writes one every eval_interval steps")
     return evals

@@ -36,6 +36,8 @@ def read_prompts(start, prompts_file=""):
         return prompts
     if start.startswith("FILE:"):
         path = start.removeprefix("FILE:")
+        if not path:
+            raise UserError("--start=FILE: names no file; give its path, e.g. --start=FILE:prompt.txt")
         return [(read_text(path, "--start"), path, 1)]
     return [(start, "--start", 1)]
 

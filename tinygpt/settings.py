@@ -57,12 +57,16 @@ def run_out_dir(cfg, sources):
 
 def resumed_config(ckpt, cfg, sources, device_type):
     """The settings the run started with, from its checkpoint, with what a preset or the command
-    line sets now laid over them: a resumed run keeps the choices made at its start (the model
+    line (not a preset) sets now laid over them: a resumed run keeps the choices made at its start (the model
     sized for the data, the steps its time budget bought) and does not choose again; except its
     dtype on another kind of device (a run begun on a CPU, resumed on a GPU), picked again there."""
+    if sources.get("max_time") == "command line":
+        raise UserError(f"--max_time={cfg.max_time} on a resumed run: it goes on with the steps its start planned; "
+                        "drop --max_time, or give --max_iters")
     known = {f.name for f in dataclasses.fields(cfg)}
     start = type(cfg)(**{k: v for k, v in ckpt["train_config"].items() if k in known})
-    now = {k: getattr(cfg, k) for k in sources} | {"out_dir": cfg.out_dir, "init_from": "resume"}
+    given = [k for k, where in sources.items() if where == "command line"]  # a preset's steps are not the plan's
+    now = {k: getattr(cfg, k) for k in given} | {"out_dir": cfg.out_dir, "init_from": "resume"}
     if ckpt.get("device_type", device_type) != device_type and "dtype" not in sources:
         now["dtype"] = "auto"
     return dataclasses.replace(start, **now)
@@ -71,9 +75,10 @@ def resumed_config(ckpt, cfg, sources, device_type):
 def check_resumable(ckpt, mconf, meta, cfg):
     """A UserError unless this run's model and tokenizer are the checkpoint's."""
     path = Path(cfg.out_dir) / "ckpt.pt"
+    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):  # first: it sizes the model
+        raise UserError(f"cannot resume {path}: the data set changed, {cfg.data_dir}'s tokenizer is not the one it "
+                        "trained on; prepare the text it trained on again, or start a new run (--overwrite=true)")
     then = {f.name: f.default for f in dataclasses.fields(mconf)} | ckpt["model_config"]  # older: the defaults
     diff = {k: (v, then.get(k)) for k, v in dataclasses.asdict(mconf).items() if then.get(k) != v}
     if diff:
         raise UserError(f"cannot resume {path}: the model config differs (now, checkpoint): {diff}")
-    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):
-        raise UserError(f"cannot resume {path}: its tokenizer differs from the one in {cfg.data_dir}")

@@ -92,11 +92,11 @@ def load_weights(init_from, out_dir):
 # --- The new model's shape -------------------------------------------------------------------------
 
 
-def finetune_settings(source, cfg, meta):
+def finetune_settings(source, cfg, meta, sources=None):
     """cfg (a train.TrainConfig) with the model's shape set to the weights': the data of meta
     (meta.json), block_size, dropout and the training are cfg's. A UserError if the weights
     and the data cannot go together, or if a shape key set by a preset or the command line
-    (away from its default) contradicts the weights."""
+    (sources; without them, any away from its default) contradicts the weights."""
     theirs = source.meta
     if (theirs.get("tokenizer"), theirs.get("encoding")) != (meta.get("tokenizer"), meta.get("encoding")):
         flag = "char" if theirs.get("tokenizer") == "char" else theirs.get("encoding")
@@ -110,7 +110,8 @@ def finetune_settings(source, cfg, meta):
         if field.name in RUN_KEYS:
             continue
         weights, ours = source.model_config.get(field.name, field.default), getattr(cfg, field.name)
-        if ours != getattr(defaults, field.name) and ours != weights:
+        given = field.name in sources if sources is not None else ours != getattr(defaults, field.name)
+        if given and ours != weights:
             raise UserError(f"--{field.name}={ours} (from a preset or the command line) contradicts {source.name}, "
                             f"whose {field.name} is {weights}: the weights fix the model's shape; drop it or pass "
                             f"--{field.name}={weights}")
