@@ -160,7 +160,7 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_le
     step. measure(cfg) -> (seconds per step, seconds per evaluation), on this device."""
 
     # The recipe's rotary angles turn a dot product's queries and keys: not for attention that has none.
-    rope = getattr(cfg, "mixer", "multihead") in ("head", "multihead") and getattr(cfg, "score", "dot") == "dot"
+    rope = cfg.mixer in ("head", "multihead") and cfg.score == "dot"
 
     def rate(settings):  # training FLOP/s of a model so configured, on these devices together
         probe = dataclasses.replace(cfg, **{k: v for k, v in settings.items() if rope or k != "pos"})
