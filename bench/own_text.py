@@ -2,6 +2,7 @@
 
     python bench/own_text.py                                   # the whole panel: about 3 hours on 2 cores
     python bench/own_text.py --texts=license --runs=auto      # one text, one run
+    python bench/own_text.py --max_time=1m --runs=auto,cpu_fast # every text at another budget
     python bench/own_text.py --report_only=true                # the table again, from the runs on disk
 
 A panel of texts nobody here wrote, of very different sizes and kinds, taken from
@@ -43,12 +44,13 @@ RUST_DOCS = Path.home() / ".rustup/toolchains/stable-x86_64-unknown-linux-gnu/sh
 PYTHON_LIB = Path(sysconfig.get_paths()["stdlib"])
 PRESETS = {"cpu": "config/shakespeare_char_cpu.toml", "cpu_fast": "config/shakespeare_char_cpu_fast.toml"}
 GRID = ("smaller", "larger", "half_steps", "double_steps")
+TEXT_NAMES = ("license", "cyrillic", "shakespeare", "rust", "python")  # TEXTS, below
 
 
 @dataclass
 class BenchConfig:
-    texts: list[str] = option(["license", "cyrillic", "shakespeare", "rust", "python"], "which texts of the panel")
-    runs: list[str] = option(["auto", *PRESETS, *GRID], "which runs: auto, the presets, the grid around auto")
+    texts: list[str] = option(list(TEXT_NAMES), "which texts of the panel, comma-separated")
+    runs: list[str] = option(["auto", *PRESETS, *GRID], "which runs, comma-separated: auto, the presets, the grid")
     max_time: str = option("5m", "the time budget of every run")
     out: str = option("out/own_text", "where the texts, data sets and runs go")
     report_only: bool = option(False, "print the table from the runs in --out, training nothing")
@@ -212,16 +214,17 @@ def main(argv):
     cfg = load_config(BenchConfig, argv, "bench/own_text.py", __doc__.strip().splitlines()[0])
     out = Path(cfg.out)
     budget.parse_duration(cfg.max_time)
-    for name in cfg.texts:
+    texts, runs = ([n.strip() for item in it for n in item.split(",") if n.strip()] for it in (cfg.texts, cfg.runs))
+    for name in texts:
         if name not in TEXTS:
             raise UserError(f"unknown text {name!r}; the panel has {', '.join(TEXTS)}")
     rows = []
-    for name in cfg.texts:
+    for name in texts:
         data_dir = prepared(name, out).resolve()
         meta = load_data(data_dir)[0]
         print(f"{name}: {TEXTS[name][0]}; {meta['train_tokens'] + meta['val_tokens']:,} characters, "
               f"vocabulary {meta['vocab_size']}", flush=True)
-        for run in cfg.runs:
+        for run in runs:
             run_dir = (out / "runs" / name / run).resolve()
             if not cfg.report_only:
                 args = train_args(run, data_dir, run_dir, cfg)
