@@ -35,7 +35,7 @@ from tinygpt.distributed import Processes, end_processes, start_processes
 from tinygpt.files import version
 from tinygpt.optim import configure_optimizer
 from tinygpt.outdir import RunLock, append_record, start_log
-from tinygpt.settings import check_resumable, check_settings, has_preset, model_config, resumed_config, run_out_dir
+from tinygpt.settings import check_resumable, check_settings, resumed_config, run_out_dir
 from tinygpt.weights import finetune_settings, load_into, load_weights
 
 # How often the processes under torchrun agree to stop (a signal to one, a non-finite loss on one): an
@@ -109,7 +109,8 @@ def main(argv):
     procs = start_processes(cfg.device)  # this process, alone or one of torchrun's, on its device
     lock, status = RunLock(cfg.out_dir), None  # out_dir's lock, taken once every check has passed
     try:
-        run = set_up(cfg, sources, procs, lock)
+        with terminal.stop_before_start():  # a stop before the loop: one line, nothing written
+            run = set_up(cfg, sources, procs, lock)
         status = train(run)
         return status
     except UserError:
@@ -203,15 +204,14 @@ def decide(cfg, sources, ckpt, weights, data, procs):
     time_budget = budget.Budget.of(cfg, sources) if ckpt is None else None
     if ckpt is None and weights is not None:
         cfg = finetune_settings(weights, cfg, meta, sources)
-    elif ckpt is None and not has_preset(sources):
+    elif ckpt is None and budget.sized(sources):
         seconds = time_budget.seconds if time_budget else budget.parse_duration(budget.DEFAULT_BUDGET)
         left = seconds - procs.agree_on((budget.process_age(),))[0]  # rank 0's clock: all size alike
         cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
                                               meta["vocab_size"], left, procs.world,
                                               lambda settings: probe(build(settings, data, procs)), procs.say)
         if time_budget is not None:
-            time_budget.max_steps = max_steps
-    check_settings(cfg, procs.device, data)
+            time_budget.limit(max_steps)
     return cfg, time_budget
 
 
@@ -220,7 +220,7 @@ def build(cfg, data, procs, weights=None):
     optimizer and the gradient scaler."""
     meta, splits = data
     torch.manual_seed(cfg.seed)
-    model = GPT(model_config(cfg, meta["vocab_size"]))
+    model = GPT(check_settings(cfg, procs.device, data))  # refused here, before anything is built or probed
     if weights is not None:
         procs.say(load_into(model, weights, meta))
     model = model.to(procs.device)

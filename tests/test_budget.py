@@ -141,11 +141,14 @@ class FakeClock:
 
     def __init__(self, monkeypatch):
         self.now, self.step_s, self.probes = 0.0, 0.01, []
-        real_step, real_estimate = train.train_step, train.estimate_loss
+        real_step, real_estimate, real_set_up = train.train_step, train.estimate_loss, train.set_up
+
+        def set_up(*args, **kwargs):
+            self.now = 0.0  # a new run: its process has just started
+            return real_set_up(*args, **kwargs)
 
         def probe(run):
             self.probes.append(run.cfg)
-            self.now = 0.0  # a new run's probe: its process has just started
             return 0.01, 0.1
 
         def train_step(*args, **kwargs):
@@ -156,6 +159,7 @@ class FakeClock:
             self.now += 0.1
             return real_estimate(*args, **kwargs)
 
+        monkeypatch.setattr(train, "set_up", set_up)
         monkeypatch.setattr(train, "probe", probe)
         monkeypatch.setattr(train, "train_step", train_step)
         monkeypatch.setattr(train, "estimate_loss", estimate_loss)
@@ -229,9 +233,10 @@ def test_steps_slower_or_faster_than_the_probe_said_are_fitted_again_as_the_run_
     assert budget.USABLE * 3 - step_s - 0.1 < clock.now <= budget.USABLE * 3 + 1e-9
 
 
+@pytest.mark.parametrize("preset", [[], [TINY]], ids=["sized for the data", "a preset"])
 def test_a_run_stopped_and_resumed_ends_with_the_weights_of_one_that_was_not(data_dir, tmp_path, clock,
-                                                                             monkeypatch):
-    args = [f"--data_dir={data_dir}", "--max_time=3s", "--dropout=0.1", "--patience=0"]
+                                                                             monkeypatch, preset):
+    args = [*preset, f"--data_dir={data_dir}", "--max_time=3s", "--dropout=0.1", "--patience=0"]
     assert train.main([*args, f"--out_dir={tmp_path / 'whole'}"]) == 0
 
     real_step, steps = train.train_step, []
@@ -246,12 +251,23 @@ def test_a_run_stopped_and_resumed_ends_with_the_weights_of_one_that_was_not(dat
     assert train.main([*args, f"--out_dir={tmp_path / 'split'}"]) == 130
     monkeypatch.setattr(train, "train_step", real_step)
     clock.probes.clear()
-    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'split'}", "--init_from=resume"]) == 0
+    assert train.main([*preset, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'split'}", "--init_from=resume"]) == 0
     assert clock.probes == []  # the resumed run kept the steps it planned: nothing measured again
     whole = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
     split = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
-    assert whole["iter"] == split["iter"] == whole["train_config"]["max_iters"]
+    assert whole["iter"] == split["iter"] == whole["train_config"]["max_iters"] > 20
     assert all(torch.equal(whole["model"][k], split["model"][k]) for k in whole["model"])
+
+
+def test_max_iters_with_max_time_is_the_most_steps_the_budget_may_fit(data_dir, tmp_path, clock, capsys):
+    args = [TINY, f"--data_dir={data_dir}", "--max_time=3s"]
+    assert train.main([*args, f"--out_dir={tmp_path / 'a'}", "--max_iters=5"]) == 0
+    assert "time budget 3s: 5 steps (--max_iters)" in capsys.readouterr().out
+    assert checkpoint.load_checkpoint(tmp_path / "a" / "ckpt.pt")["iter"] == 5
+    assert train.main([*args, f"--out_dir={tmp_path / 'b'}", "--max_iters=100000"]) == 0
+    saved = checkpoint.load_checkpoint(tmp_path / "b" / "ckpt.pt")
+    assert 10 < saved["iter"] == saved["train_config"]["max_iters"] < 3 / 0.01  # what fits, not 100,000
+    assert clock.now <= budget.USABLE * 3 + 1e-9
 
 
 # --- Early stopping and the best model -----------------------------------------------------------

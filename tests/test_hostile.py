@@ -2,6 +2,8 @@
 where success is right, and nothing already written is lost."""
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -47,6 +49,25 @@ def test_a_budget_too_short_refuses_before_an_overwrite_touches_the_old_run(data
                        "--max_time=0.001s"]) == 2
     one_error_line(capsys, "max_time 0.001s leaves")
     assert contents(finished_run) == before  # log.jsonl and ckpt.pt as they were
+
+
+def test_a_stop_during_start_up_is_one_line_and_loses_nothing(data_dir, finished_run, capsys, monkeypatch):
+    from tinygpt import budget
+
+    def stopped(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler runs before this ends
+        raise AssertionError("SIGTERM did not stop the start-up")
+
+    monkeypatch.setattr(budget, "time_steps", stopped)  # the budget's probe, where start-up spends its seconds
+    before = contents(finished_run)
+    capsys.readouterr()
+    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={finished_run}", "--overwrite=true",
+                       "--max_time=1m"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert err.strip() == "stopped by SIGTERM while starting, before its first step", err
+    assert contents(finished_run) == before
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
 # --- Tracebacks ------------------------------------------------------------------------------------------
@@ -118,6 +139,55 @@ def test_max_time_as_a_number_in_a_preset_is_told_how_to_write_it(tmp_path):
     (tmp_path / "p.toml").write_text("max_time = 90\n", encoding="utf-8")
     with pytest.raises(train.UserError, match='put it in quotes, max_time = "90"'):
         train.load_config(train.TrainConfig, [str(tmp_path / "p.toml")])
+
+
+def test_no_preset_with_the_whole_shape_given_sizes_nothing(data_dir, tmp_path, capsys, monkeypatch):
+    from tinygpt import budget
+
+    monkeypatch.setattr(budget, "time_steps", lambda *a: pytest.fail("probed a run with nothing to size"))
+    shape = ["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=8", "--batch_size=4"]
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=6", *shape]) == 0
+    assert "sized" not in capsys.readouterr().out
+    config = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    assert (config["optimizer"], config["pos"]) == ("adamw", "learned")  # TrainConfig's defaults, as --help says
+
+
+def test_sizing_probes_and_keeps_what_was_given_and_says_what_it_chose():
+    from tinygpt import budget
+
+    probed, said = [], []
+
+    def measure(cfg):
+        probed.append(cfg)
+        return 0.01, 0.1
+
+    cfg = train.TrainConfig(n_layer=1, n_embd=100)
+    sized, _ = budget.size_for_data(cfg, {"n_layer": "command line", "n_embd": "command line"}, 100_000, 10_000, 65,
+                                    300, 1, measure, say=said.append)
+    assert all((c.n_layer, c.n_embd, c.n_embd % c.n_head) == (1, 100, 0) for c in [*probed, sized])
+    assert "1 layers x 100 wide" in said[0] and "muon, rope positions" in said[0] and "as given" in said[0]
+
+
+def test_a_budget_too_short_to_size_for_its_data_is_refused_after_one_probe():
+    from tinygpt import budget
+
+    probed = []
+
+    def slow(cfg):  # a step as slow as a 100k-token vocabulary makes it
+        probed.append(cfg)
+        return 5.0, 20.0
+
+    with pytest.raises(train.UserError, match="too short to size a run for this data"):
+        budget.size_for_data(train.TrainConfig(max_time="15s"), {}, 100_000, 10_000, 100_000, 12, 1, slow)
+    assert len(probed) == 1
+
+
+def test_a_block_longer_than_the_text_is_refused_before_any_probe(data_dir, tmp_path, capsys, monkeypatch):
+    from tinygpt import budget
+
+    monkeypatch.setattr(budget, "time_steps", lambda *a: pytest.fail("probed a block the text cannot fill"))
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--block_size=100000"]) == 2
+    one_error_line(capsys, "block_size")
 
 
 # --- Messages that point the wrong way ----------------------------------------------------------------

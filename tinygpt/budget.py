@@ -71,10 +71,27 @@ USABLE = 0.97  # of a budget, for steps and evaluations: the rest for saving, th
 EVAL_BATCHES = 20  # batches per loss estimate when the val split is too large to read whole
 
 
+# What the sizing chooses for a run with no preset. Given all of them, nothing is sized: the run is
+# the command line over TrainConfig's defaults, with no probe and no recipe.
+SIZED = ("n_layer", "n_embd", "block_size", "batch_size")
+
+
+def sized(sources):
+    """Whether a new run is sized for its data: no preset, and some of SIZED left to choose."""
+    return not has_preset(sources) and not all(k in sources for k in SIZED)
+
+
 def shape_settings(n_layer, n_embd):
-    head = 32 if n_embd <= 256 else 64
     block = 64 if n_embd <= 128 else 128 if n_embd <= 192 else 256
-    return {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_embd // head, "block_size": block}
+    return {"n_layer": n_layer, "n_embd": n_embd, "n_head": heads(n_embd), "block_size": block}
+
+
+def heads(n_embd):
+    """Heads 32 channels wide up to a width of 256, 64 beyond; fewer where they would not divide it."""
+    n_head = max(1, n_embd // (32 if n_embd <= 256 else 64))
+    while n_embd % n_head:
+        n_head -= 1
+    return n_head
 
 
 def block_params(n_layer, n_embd):
@@ -124,8 +141,7 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds):
     dropout = 0.0 if epochs <= 8 else min(0.2, round(0.1 * math.log2(epochs / 8), 2))
     whole_val = val_tokens <= EVAL_BATCHES * batch * block  # a small val split is cheap to read whole: exact
     settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=0 if whole_val else EVAL_BATCHES)
-    reason = (f"{train_tokens:,} training tokens; {n_layer} layers x {n_embd} wide, block {block}, batch {batch}, "
-              f"dropout {dropout:g}: about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)")
+    reason = f"about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)"
     return settings, most_steps(train_tokens, batch * block), reason
 
 
@@ -157,23 +173,36 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_le
     """cfg (a train.TrainConfig) with the model and training chosen by choose_run for the data and
     the seconds left of the budget, except what the command line set; and the most steps worth taking
     on this data. world processes train together, each its own batch_size x grad_accum sequences a
-    step. measure(cfg) -> (seconds per step, seconds per evaluation), on this device."""
+    step. measure(cfg) -> (seconds per step, seconds per evaluation), on this device: it checks the
+    settings before it builds a model, so what was given is refused before any probe."""
 
     # The recipe's rotary angles turn a dot product's queries and keys: not for attention that has none.
     rope = cfg.mixer in ("head", "multihead") and cfg.score == "dot"
+    started = time.perf_counter()
+
+    def chosen(settings):  # what the command line did not set; a given width keeps heads that divide it
+        width = {"n_head": heads(cfg.n_embd)} if "n_embd" in sources else {}
+        settings = {**settings, **width}
+        return {k: v for k, v in settings.items() if k not in sources and (rope or k != "pos")}
 
     def rate(settings):  # training FLOP/s of a model so configured, on these devices together
-        probe = dataclasses.replace(cfg, **{k: v for k, v in settings.items() if rope or k != "pos"})
-        step_s, _ = measure(probe)
+        probe, t0 = dataclasses.replace(cfg, **chosen(settings)), time.perf_counter()
+        step_s, eval_s = measure(probe)
+        spent, left = time.perf_counter() - t0, seconds_left - (time.perf_counter() - started)
+        if left < spent + step_s + eval_s:  # the budget's own probe, a step and an evaluation would not fit
+            raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} is too short to size a run for this data: "
+                            f"timing {probe.n_layer} layers x {probe.n_embd} (a vocabulary of {vocab_size:,}) took "
+                            f"{spent:.1f} s, and {max(left, 0):.1f} s are left; give more time, or the whole shape "
+                            "(--n_layer, --n_embd, --block_size, --batch_size)")
         flops = model_flops_per_token(probe.n_layer, probe.n_embd, probe.block_size, vocab_size)
         return world * probe.batch_size * probe.grad_accum * probe.block_size * flops / step_s
 
     settings, reason = size_run(train_tokens, val_tokens, vocab_size, seconds_left, rate)
-    if not rope:
-        settings.pop("pos")
-    kept = sorted(k for k in settings if k in sources)
-    say(f"no preset: sized for the data. {reason}" + (f" ({', '.join(kept)} as given)" if kept else ""))
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in settings.items() if k not in sources})
+    cfg = dataclasses.replace(cfg, **chosen(settings))
+    kept = sorted(k for k in settings if k in sources)  # the rule's estimate is then of another run: not said
+    say(f"no preset: sized for the data ({train_tokens:,} training tokens): {cfg.n_layer} layers x {cfg.n_embd} wide, "
+        f"block {cfg.block_size}, batch {cfg.batch_size}, dropout {cfg.dropout:g}, {cfg.optimizer}, {cfg.pos} "
+        "positions" + (f" ({', '.join(kept)} as given)" if kept else f": {reason}"))
     return cfg, most_steps(train_tokens, world * cfg.batch_size * cfg.grad_accum * cfg.block_size)  # as given
 
 
@@ -184,18 +213,20 @@ def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, elapsed=N
     left = USABLE * seconds - (process_age() if elapsed is None else elapsed)
     spread = "eval_interval" not in sources
     steps = plan_steps(left, step_s, eval_s, None if spread else cfg.eval_interval, max_steps)
-    if steps < 1:
+    if steps < 1 and max_steps != 0:  # (--max_iters=0: an evaluation, and no step)
         raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} leaves {max(left, 0):.0f} s after "
                         f"start-up, less than a step ({step_s:.2f} s) and an evaluation ({eval_s:.2f} s); "
                         "give more time, or a smaller model")
-    changes = {"max_iters": steps, "lr_decay_iters": steps}
+    changes = {"lr_decay_iters": steps}
     if spread:
         changes["eval_interval"] = max(1, math.ceil(steps / EVALS))
     changes["warmup_iters"] = min(cfg.warmup_iters, max(1, steps // 10))
     changes = {k: v for k, v in changes.items() if sources.get(k) != "command line"}
-    cfg = dataclasses.replace(cfg, **changes)
-    say(f"time budget {cfg.max_time or DEFAULT_BUDGET}: {cfg.max_iters:,} steps of {step_s * 1000:.0f} ms and an "
-        f"evaluation every {cfg.eval_interval:,} ({eval_s:.1f} s each) in the {left:.0f} s left")
+    capped = sources.get("max_iters") == "command line" and steps == cfg.max_iters  # --max_iters: at most that
+    cfg = dataclasses.replace(cfg, max_iters=steps, **changes)
+    say(f"time budget {cfg.max_time or DEFAULT_BUDGET}: {cfg.max_iters:,} steps{' (--max_iters)' if capped else ''} "
+        f"of {step_s * 1000:.0f} ms and an evaluation every {cfg.eval_interval:,} ({eval_s:.1f} s each) in the "
+        f"{left:.0f} s left")
     return cfg
 
 
@@ -205,22 +236,21 @@ def replan(cfg, sources, seconds, it, step_s, eval_s, max_steps=None, elapsed=No
     train.py does this at each evaluation in a run's first 3/4, where the schedule takes the
     change in its stride. Evaluations keep their interval; what the command line set stays.
     elapsed: process_age() unless given. Says so when the steps change by 1% or more."""
-    if sources.get("max_iters") == "command line":
-        return cfg
     left = USABLE * seconds - (process_age() if elapsed is None else elapsed)
     room = None if max_steps is None else max(0, max_steps - it)
     steps = it + (plan_steps(left, step_s, eval_s, cfg.eval_interval, room) if room != 0 else 0)
     if abs(steps - cfg.max_iters) >= 0.01 * cfg.max_iters:
         say(f"time budget: steps take {step_s * 1000:.0f} ms and evaluations {eval_s:.1f} s so far: "
             f"{steps:,} steps in all (planned: {cfg.max_iters:,})")
-    changes = {k: steps for k in ("max_iters", "lr_decay_iters") if sources.get(k) != "command line"}
-    return dataclasses.replace(cfg, **changes)
+    decay = {} if sources.get("lr_decay_iters") == "command line" else {"lr_decay_iters": steps}
+    return dataclasses.replace(cfg, max_iters=steps, **decay)
 
 
 class Budget:
     """A run's time budget, kept by train.py from its start to its end: the steps fitted once from a
     probe of a few real steps (fit), then again from the loop's own times (replan). max_steps: the
-    most steps worth taking on the data, when the run was sized for it (size_for_data)."""
+    most steps worth taking, --max_iters when the command line gives it with --max_time, and the
+    most the data can use when the run was sized for it (limit)."""
 
     def __init__(self, seconds, sources, max_steps=None):
         self.seconds, self.sources, self.max_steps = seconds, sources, max_steps
@@ -230,8 +260,12 @@ class Budget:
         """The budget of a new run: --max_time, or DEFAULT_BUDGET when neither a preset nor --max_iters
         sets the steps; None when they do and --max_time is not given."""
         if cfg.max_time or (not has_preset(sources) and "max_iters" not in sources):
-            return cls(parse_duration(cfg.max_time or DEFAULT_BUDGET), sources)
+            given = cfg.max_iters if sources.get("max_iters") == "command line" else None
+            return cls(parse_duration(cfg.max_time or DEFAULT_BUDGET), sources, given)
         return None
+
+    def limit(self, max_steps):
+        self.max_steps = min(max_steps, self.max_steps or max_steps)
 
     def fit(self, cfg, step_s, eval_s, elapsed, say=print):
         return fit_to_time(cfg, self.sources, self.seconds, step_s, eval_s, self.max_steps, elapsed, say)
@@ -286,7 +320,7 @@ def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None)
     steps = max(0, int((seconds_left - evaluations(0) * eval_s) / per_step))  # about right: at most one over
     while steps > 0 and steps * step_s + evaluations(steps) * eval_s > seconds_left:
         steps -= 1
-    return min(steps, max_steps or steps)
+    return steps if max_steps is None else min(steps, max_steps)
 
 
 def time_steps(run, train_step):

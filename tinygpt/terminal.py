@@ -8,7 +8,8 @@ KeyboardInterrupt into the same line. A test or program that imports a script ke
 its own Ctrl-C.
 
 While training, `StopRequested` turns SIGINT, SIGTERM and SIGHUP (a closed terminal)
-into a flag the loop checks: it finishes its step, saves and exits.
+into a flag the loop checks: it finishes its step, saves and exits. Before that,
+`stop_before_start` makes SIGTERM and SIGHUP one line, as Ctrl-C is.
 
 `train.py ... | head -1` closes the pipe after one line; a hangup closes the terminal;
 stdout may be a file on a full disk. Each would raise on the next print and kill a run
@@ -62,6 +63,24 @@ class StopRequested:
 
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def stop_before_start():
+    """While active (train.py's start-up: checks, sizing, the budget's probe), SIGTERM and SIGHUP end the
+    script as Ctrl-C does: one line, cleanups run (out_dir's lock is let go), exit 128 + the signal."""
+
+    def handle(signum, frame):
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every process gets it: one line
+            print(f"stopped by {signal.Signals(signum).name} while starting, before its first step", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, handle) for s in stop_signals() if s != signal.SIGINT}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
             signal.signal(s, handler)
 
 
