@@ -109,7 +109,7 @@ def main(argv):
     procs = start_processes(cfg.device)  # this process, alone or one of torchrun's, on its device
     lock, status = RunLock(cfg.out_dir), None  # out_dir's lock, taken once every check has passed
     try:
-        with terminal.stop_before_start():  # a stop before the loop: one line, nothing written
+        with terminal.stop_before_start():  # a stop before the loop: one line, not a traceback
             run = set_up(cfg, sources, procs, lock)
         status = train(run)
         return status
@@ -178,7 +178,7 @@ def set_up(cfg, sources, procs, lock):
         run.model = run.eval_model = maybe_compile(run.raw_model, procs.device_type)
     run.model = procs.wrap(run.model)  # under DDP when started by torchrun
     if time_budget is not None:
-        step_s, eval_s = probe(run)
+        step_s, eval_s = time_budget.times or probe(run)
         elapsed = procs.agree_on((budget.process_age(),))[0]
         run.cfg, run.time_budget = time_budget.fit(run.cfg, step_s, eval_s, elapsed, procs.say), time_budget
     with procs.together():  # the first write into out_dir, once every check and the probe have passed
@@ -207,11 +207,11 @@ def decide(cfg, sources, ckpt, weights, data, procs):
     elif ckpt is None and budget.sized(sources):
         seconds = time_budget.seconds if time_budget else budget.parse_duration(budget.DEFAULT_BUDGET)
         left = seconds - procs.agree_on((budget.process_age(),))[0]  # rank 0's clock: all size alike
-        cfg, max_steps = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
+        cfg, max_steps, times = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
                                               meta["vocab_size"], left, procs.world,
                                               lambda settings: probe(build(settings, data, procs)), procs.say)
         if time_budget is not None:
-            time_budget.limit(max_steps)
+            time_budget.sized(max_steps, times if procs.world == 1 and not cfg.compile else None)
     return cfg, time_budget
 
 
@@ -306,9 +306,9 @@ def get_lr(it, cfg):
 
 
 def evaluate(run, lr, write):
-    """Estimates the losses and logs them; saves ckpt.pt, and best.pt when val improved."""
-    losses = estimate_loss(run.eval_model, run.splits, run.cfg, run.procs.device, run.eval_autocast,
-                           seed=run.cfg.seed + run.it)
+    """Estimates the losses and logs them; saves ckpt.pt, and best.pt when val improved. Every evaluation
+    draws the same batches: a change in val loss is the model's, not the draw's, and best.pt is the best."""
+    losses = estimate_loss(run.eval_model, run.splits, run.cfg, run.procs.device, run.eval_autocast, run.cfg.seed)
     record = {"iter": run.it, "train_loss": losses["train"], "val_loss": losses["val"],
               "val_bpc": losses["val"] / math.log(2), "lr": lr}
     append_record(run.cfg.out_dir, record)

@@ -1,6 +1,7 @@
 """A run sized for its data and its time: the rule, the budget's bookkeeping, early stopping,
 the best model by default, and where a run's files go when nobody says."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -81,7 +82,7 @@ def test_a_batch_given_on_the_command_line_counts_in_the_cap_on_steps():
         return 0.01, 0.1
 
     cfg = train.TrainConfig(batch_size=4)
-    sized, max_steps = budget.size_for_data(cfg, {"batch_size": "command line"}, 20_000, 2_000, 65, 36_000, 1,
+    sized, max_steps, _ = budget.size_for_data(cfg, {"batch_size": "command line"}, 20_000, 2_000, 65, 36_000, 1,
                                             measure, say=lambda *a: None)
     assert sized.batch_size == 4
     assert max_steps == budget.most_steps(20_000, 4 * sized.block_size)  # MAX_EPOCHS passes of batch 4, not the rule's
@@ -184,6 +185,8 @@ def test_no_preset_sizes_the_run_then_fits_its_steps_to_the_budget(data_dir, tmp
     assert saved["lr_decay_iters"] == saved["max_iters"]
     assert abs(saved["max_iters"] - expected) <= 1  # fitted again from steps as fast as the probe's: kept
     assert saved["optimizer"] == "muon" and saved["pos"] == "rope"  # the rule's recipe
+    timed = [dataclasses.astuple(c) for c in clock.probes]
+    assert len(set(timed)) == len(timed)  # the run the sizing chose and timed is not timed again for the budget
     evals = [r["iter"] for r in read_log(tmp_path) if "val_loss" in r]
     assert evals[-1] == saved["max_iters"] and len(evals) == budget.EVALS + 1
     assert clock.now <= budget.USABLE * 4 + 1e-9

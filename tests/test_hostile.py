@@ -162,7 +162,7 @@ def test_sizing_probes_and_keeps_what_was_given_and_says_what_it_chose():
         return 0.01, 0.1
 
     cfg = train.TrainConfig(n_layer=1, n_embd=100)
-    sized, _ = budget.size_for_data(cfg, {"n_layer": "command line", "n_embd": "command line"}, 100_000, 10_000, 65,
+    sized, _, _ = budget.size_for_data(cfg, {"n_layer": "command line", "n_embd": "command line"}, 100_000, 10_000, 65,
                                     300, 1, measure, say=said.append)
     assert all((c.n_layer, c.n_embd, c.n_embd % c.n_head) == (1, 100, 0) for c in [*probed, sized])
     assert "1 layers x 100 wide" in said[0] and "muon, rope positions" in said[0] and "as given" in said[0]

@@ -170,15 +170,16 @@ def size_run(train_tokens, val_tokens, vocab_size, seconds, rate):
 
 
 def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_left, world, measure, say=print):
-    """cfg (a train.TrainConfig) with the model and training chosen by choose_run for the data and
-    the seconds left of the budget, except what the command line set; and the most steps worth taking
-    on this data. world processes train together, each its own batch_size x grad_accum sequences a
-    step. measure(cfg) -> (seconds per step, seconds per evaluation), on this device: it checks the
-    settings before it builds a model, so what was given is refused before any probe."""
+    """(cfg, steps, times): cfg (a train.TrainConfig) with the model and training chosen by choose_run for
+    the data and the seconds left of the budget, except what the command line set; the most steps worth
+    taking on this data; and measure(cfg) of the cfg returned, when it was one of the models timed (the
+    budget need not time it again). world processes train together, each its own batch_size x grad_accum
+    sequences a step. measure(cfg) -> (seconds per step, seconds per evaluation), on this device: it checks
+    the settings before it builds a model, so what was given is refused before any probe."""
 
     # The recipe's rotary angles turn a dot product's queries and keys: not for attention that has none.
     rope = cfg.mixer in ("head", "multihead") and cfg.score == "dot"
-    started = time.perf_counter()
+    started, measured = time.perf_counter(), {}
 
     def chosen(settings):  # what the command line did not set; a given width keeps heads that divide it
         width = {"n_head": heads(cfg.n_embd)} if "n_embd" in sources else {}
@@ -187,7 +188,7 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_le
 
     def rate(settings):  # training FLOP/s of a model so configured, on these devices together
         probe, t0 = dataclasses.replace(cfg, **chosen(settings)), time.perf_counter()
-        step_s, eval_s = measure(probe)
+        step_s, eval_s = measured[dataclasses.astuple(probe)] = measure(probe)
         spent, left = time.perf_counter() - t0, seconds_left - (time.perf_counter() - started)
         if left < spent + step_s + eval_s:  # the budget's own probe, a step and an evaluation would not fit
             raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} is too short to size a run for this data: "
@@ -203,7 +204,8 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_le
     say(f"no preset: sized for the data ({train_tokens:,} training tokens): {cfg.n_layer} layers x {cfg.n_embd} wide, "
         f"block {cfg.block_size}, batch {cfg.batch_size}, dropout {cfg.dropout:g}, {cfg.optimizer}, {cfg.pos} "
         "positions" + (f" ({', '.join(kept)} as given)" if kept else f": {reason}"))
-    return cfg, most_steps(train_tokens, world * cfg.batch_size * cfg.grad_accum * cfg.block_size)  # as given
+    steps = most_steps(train_tokens, world * cfg.batch_size * cfg.grad_accum * cfg.block_size)  # as given
+    return cfg, steps, measured.get(dataclasses.astuple(cfg))
 
 
 def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, elapsed=None, say=print):
@@ -253,7 +255,7 @@ class Budget:
     most the data can use when the run was sized for it (limit)."""
 
     def __init__(self, seconds, sources, max_steps=None):
-        self.seconds, self.sources, self.max_steps = seconds, sources, max_steps
+        self.seconds, self.sources, self.max_steps, self.times = seconds, sources, max_steps, None
 
     @classmethod
     def of(cls, cfg, sources):
@@ -264,8 +266,10 @@ class Budget:
             return cls(parse_duration(cfg.max_time or DEFAULT_BUDGET), sources, given)
         return None
 
-    def limit(self, max_steps):
-        self.max_steps = min(max_steps, self.max_steps or max_steps)
+    def sized(self, max_steps, times):
+        """The run was sized for its data: at most max_steps, and its steps and evaluations take times
+        (seconds each), when the sizing timed this very run (one process, not compiled), else None."""
+        self.max_steps, self.times = min(max_steps, self.max_steps or max_steps), times
 
     def fit(self, cfg, step_s, eval_s, elapsed, say=print):
         return fit_to_time(cfg, self.sources, self.seconds, step_s, eval_s, self.max_steps, elapsed, say)
