@@ -137,7 +137,7 @@ def prepared(name, out):
 def neighbour(run, auto_cfg):
     """The train.py settings of a grid run: the automatic run's, one thing changed."""
     keys = ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "dropout", "pos", "optimizer", "muon_lr",
-            "muon_momentum", "learning_rate", "weight_decay", "bias", "eval_iters")
+            "muon_momentum", "learning_rate", "min_lr", "weight_decay", "bias", "eval_iters")
     settings = {k: auto_cfg[k] for k in keys}
     if run in ("smaller", "larger"):
         i = budget.SHAPES.index((auto_cfg["n_layer"], auto_cfg["n_embd"])) + (1 if run == "larger" else -1)

@@ -114,7 +114,8 @@ def test_planned_steps_and_evaluations_fill_the_time_without_passing_it(eval_int
     steps = budget.plan_steps(seconds, step_s, eval_s, eval_interval)
 
     def used(steps):  # an evaluation at the start, every eval_interval steps, and at the end
-        evals = budget.EVALS + 1 if eval_interval is None else len({0, steps, *range(0, steps, eval_interval)})
+        evals = (budget.spread_evaluations(seconds, eval_s) + 1 if eval_interval is None
+                 else len({0, steps, *range(0, steps, eval_interval)}))
         return steps * step_s + evals * eval_s
 
     assert used(steps) <= seconds + 1e-9 and used(steps + 1) > seconds - 1e-9  # full: one more would not fit
@@ -188,7 +189,7 @@ def test_no_preset_sizes_the_run_then_fits_its_steps_to_the_budget(data_dir, tmp
     timed = [dataclasses.astuple(c) for c in clock.probes]
     assert len(set(timed)) == len(timed)  # the run the sizing chose and timed is not timed again for the budget
     evals = [r["iter"] for r in read_log(tmp_path) if "val_loss" in r]
-    assert evals[-1] == saved["max_iters"] and len(evals) == budget.EVALS + 1
+    assert evals[-1] == saved["max_iters"] and len(evals) == budget.spread_evaluations(budget.USABLE * 4, 0.1) + 1
     assert clock.now <= budget.USABLE * 4 + 1e-9
 
 

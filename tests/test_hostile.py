@@ -173,12 +173,13 @@ def test_a_budget_too_short_to_size_for_its_data_is_refused_after_one_probe():
 
     probed = []
 
-    def slow(cfg):  # a step as slow as a 100k-token vocabulary makes it
+    def slow(cfg):  # timing steps as slow as a 100k-token vocabulary makes them
         probed.append(cfg)
-        return 5.0, 20.0
+        time.sleep(0.3)
+        return 0.2, 2.0
 
     with pytest.raises(train.UserError, match="too short to size a run for this data"):
-        budget.size_for_data(train.TrainConfig(max_time="15s"), {}, 100_000, 10_000, 100_000, 12, 1, slow)
+        budget.size_for_data(train.TrainConfig(max_time="15s"), {}, 100_000, 10_000, 100_000, 0.6, 1, slow)
     assert len(probed) == 1
 
 
@@ -223,7 +224,8 @@ def test_no_preset_with_attention_rope_cannot_turn_keeps_learned_positions(data_
 
     started = time.monotonic()
     monkeypatch.setattr(budget, "process_age", lambda: time.monotonic() - started)
-    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=5", switch]) == 0  # sized
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=5", "--n_embd=32",
+                       switch]) == 0  # sized
     assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["model_config"]["pos"] == "learned"
 
 

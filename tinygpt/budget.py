@@ -52,7 +52,9 @@ def parse_duration(text):
 # --- The rule -----------------------------------------------------------------------------
 
 # Model sizes, smallest first. Depth and width grow together, each size about twice the
-# parameters of the one before; heads are 32 channels wide up to 256, 64 beyond.
+# parameters of the one before; heads are 32 channels wide up to 256, 64 beyond. The context
+# grows with them: 64 below a width of 128, 128 up to 192 (Tiny Shakespeare, 5 minutes, 4 x 128:
+# whole val 1.503 with block 128, 1.516 with 64), 256 beyond.
 SHAPES = [(2, 64), (3, 96), (4, 128), (5, 160), (6, 192), (6, 256), (8, 320), (8, 384), (10, 512), (12, 768)]
 # A model needs about this many training tokens per parameter (repeats counted) to be worth
 # its size. Measured at 5 minutes: Tiny Shakespeare, 4 x 128 on 5M tokens beat 3 x 96 on 6M
@@ -63,10 +65,15 @@ TOKENS_PER_PARAM = 3
 # passes over it; without, the model memorizes it within a few.
 MAX_EPOCHS = 50
 MAX_STEPS = 1500  # past this, larger batches instead of more steps
-# The fast recipe (config/shakespeare_char_cpu_fast.toml): Muon for the block matrices, rotary positions.
+# The fast recipe (config/shakespeare_char_cpu_fast.toml): Muon for the block matrices, rotary positions;
+# and the learning rate decayed to 0 (Tiny Shakespeare, 5 minutes, 4 x 128 with batch 80: whole val
+# 1.516 with min_lr 1e-4, 1.502 with 0 and fewer evaluations; with batch 64 and 0 alone, 1.504).
 RECIPE = {"pos": "rope", "optimizer": "muon", "muon_lr": 0.015, "muon_momentum": 0.9, "learning_rate": 1.5e-3,
-          "weight_decay": 0.1, "bias": False}
-EVALS = 12  # evaluations spread over a run with no preset (and one at the start)
+          "min_lr": 0.0, "weight_decay": 0.1, "bias": False}
+# Evaluations spread over a run with no preset (and one at the start): at most EVALS, fewer where
+# they would take more than EVAL_SHARE of the time, but at least MIN_EVALS. On Tiny Shakespeare at
+# 5 minutes, 12 evaluations took 33 s of 281 (12%); 4 left 7% more steps for training.
+EVALS, MIN_EVALS, EVAL_SHARE = 12, 4, 0.03
 USABLE = 0.97  # of a budget, for steps and evaluations: the rest for saving, the exit and a slower last quarter
 EVAL_BATCHES = 20  # batches per loss estimate when the val split is too large to read whole
 
@@ -82,7 +89,7 @@ def sized(sources):
 
 
 def shape_settings(n_layer, n_embd):
-    block = 64 if n_embd <= 128 else 128 if n_embd <= 192 else 256
+    block = 64 if n_embd < 128 else 128 if n_embd <= 192 else 256
     return {"n_layer": n_layer, "n_embd": n_embd, "n_head": heads(n_embd), "block_size": block}
 
 
@@ -109,22 +116,28 @@ def model_flops_per_token(n_layer, n_embd, block_size, vocab_size):
     return train_flops_per_token(block_params(n_layer, n_embd) + vocab_size * n_embd, n_layer, n_embd, block_size)
 
 
-def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds):
+def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given=None):
     """The model and training for this data and budget: ({setting: value}, most steps worth
-    taking, a reason to print). flops_per_s: the training rate measured on this device."""
-    data_tokens = MAX_EPOCHS * train_tokens  # what the text can usefully give
+    taking, a reason to print). flops_per_s: the training rate measured on this device.
+    given: the settings of SIZED and dropout that the command line set, chosen around."""
+    given, data_tokens = given or {}, MAX_EPOCHS * train_tokens  # what the text can usefully give
 
-    def tokens(n_layer, n_embd):  # what the budget can train a model of this shape on
-        block = shape_settings(n_layer, n_embd)["block_size"]
-        return min(data_tokens, flops_per_s * seconds / model_flops_per_token(n_layer, n_embd, block, vocab_size))
+    def shape(n_layer, n_embd):  # one of SHAPES, with what was given
+        settings = shape_settings(given.get("n_layer", n_layer), given.get("n_embd", n_embd))
+        settings["block_size"] = given.get("block_size", min(settings["block_size"], val_tokens // 2))
+        return settings
+
+    def tokens(s):  # what the budget can train a model so shaped on
+        flops = model_flops_per_token(s["n_layer"], s["n_embd"], s["block_size"], vocab_size)
+        return min(data_tokens, flops_per_s * seconds / flops)
 
     # The largest model that the budget and the text can both feed: past it, a model sees
     # too few tokens per parameter to beat a smaller one trained longer.
-    fed = [shape for shape in SHAPES if tokens(*shape) >= TOKENS_PER_PARAM * block_params(*shape)]
-    n_layer, n_embd = fed[-1] if fed else SHAPES[0]
-    settings = shape_settings(n_layer, n_embd)
-    block = settings["block_size"] = min(settings["block_size"], val_tokens // 2)
-    total = tokens(n_layer, n_embd)
+    shapes = [shape(*s) for s in SHAPES]
+    fed = [s for s in shapes if tokens(s) >= TOKENS_PER_PARAM * block_params(s["n_layer"], s["n_embd"])]
+    settings = fed[-1] if fed else shapes[0]
+    block = settings["block_size"]
+    total = tokens(settings)
     epochs = total / train_tokens
     # A batch for about MAX_STEPS steps: enough to learn, not so many that each one's fixed cost
     # dominates (on a 2-core CPU, 4 x 128: about 30 ms a step, plus 2 ms a sequence of 64).
@@ -132,13 +145,13 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds):
     # passes) 2.18 with batch 64 over 1,600 steps, 48 over 2,100 and 32 over 2,900, 2.19 with 24
     # over 3,600, 2.20 with 16 over 4,500; a 109k text (35-50 passes) 2.03 with 48 over 1,500,
     # 2.09 with 24 over 2,300; a 4.6M text (1 pass) 1.82 with 64 over 1,400, 1.90 with 16.
-    batch = max(16, min(128, 8 * round(total / (block * MAX_STEPS) / 8)))
+    batch = given.get("batch_size", max(16, min(128, 8 * round(total / (block * MAX_STEPS) / 8))))
     # The more often each token is seen, the more the model must be kept from memorizing it:
     # none up to 8 passes, 0.1 at 16, 0.2 from 32 (the measured best at 30-60 passes; 0.3 was
     # worse on the small models and no better on the largest). Below 8 it slowed learning in the
     # one pair of runs that tried it: Tiny Shakespeare, batch 48, 6 passes, 2.27 with dropout 0.06
     # over 1,400 steps, 2.18 without over 2,100 (on a faster hour: not dropout alone).
-    dropout = 0.0 if epochs <= 8 else min(0.2, round(0.1 * math.log2(epochs / 8), 2))
+    dropout = given.get("dropout", 0.0 if epochs <= 8 else min(0.2, round(0.1 * math.log2(epochs / 8), 2)))
     whole_val = val_tokens <= EVAL_BATCHES * batch * block  # a small val split is cheap to read whole: exact
     settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=0 if whole_val else EVAL_BATCHES)
     reason = f"about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)"
@@ -150,7 +163,7 @@ def most_steps(train_tokens, tokens_per_step):
     return max(1, int(MAX_EPOCHS * train_tokens / tokens_per_step))
 
 
-def size_run(train_tokens, val_tokens, vocab_size, seconds, rate):
+def size_run(train_tokens, val_tokens, vocab_size, seconds, rate, given=None):
     """(settings, reason) of choose_run with this device's training rate, rate(settings) -> FLOP/s,
     measured on the models it considers: a small one first, then each choice, until the choice
     stands. The rate grows with the model and the batch (a step's fixed cost is shared by more
@@ -160,7 +173,7 @@ def size_run(train_tokens, val_tokens, vocab_size, seconds, rate):
     choice, tried = {**shape_settings(*SHAPES[2]), **RECIPE, "batch_size": 16, "dropout": 0.0}, []
     choice["block_size"] = min(choice["block_size"], val_tokens // 2)  # a short text's: probed as it would train
     for _ in range(5):
-        settings, _, reason = choose_run(train_tokens, val_tokens, vocab_size, rate(choice), seconds)
+        settings, _, reason = choose_run(train_tokens, val_tokens, vocab_size, rate(choice), seconds, given)
         chosen = [settings[k] for k in keys]
         if chosen == [choice[k] for k in keys] or chosen in tried:  # it stands, or it came back
             break
@@ -181,16 +194,14 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_le
     rope = cfg.mixer in ("head", "multihead") and cfg.score == "dot"
     started, measured = time.perf_counter(), {}
 
-    def chosen(settings):  # what the command line did not set; a given width keeps heads that divide it
-        width = {"n_head": heads(cfg.n_embd)} if "n_embd" in sources else {}
-        settings = {**settings, **width}
+    def chosen(settings):  # what the command line did not set
         return {k: v for k, v in settings.items() if k not in sources and (rope or k != "pos")}
 
     def rate(settings):  # training FLOP/s of a model so configured, on these devices together
         probe, t0 = dataclasses.replace(cfg, **chosen(settings)), time.perf_counter()
-        step_s, eval_s = measured[dataclasses.astuple(probe)] = measure(probe)
+        step_s, _ = measured[dataclasses.astuple(probe)] = measure(probe)
         spent, left = time.perf_counter() - t0, seconds_left - (time.perf_counter() - started)
-        if left < spent + step_s + eval_s:  # the budget's own probe, a step and an evaluation would not fit
+        if left < spent + step_s:  # another probe as long (the budget's), and a step, would not fit
             raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} is too short to size a run for this data: "
                             f"timing {probe.n_layer} layers x {probe.n_embd} (a vocabulary of {vocab_size:,}) took "
                             f"{spent:.1f} s, and {max(left, 0):.1f} s are left; give more time, or the whole shape "
@@ -198,7 +209,8 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_le
         flops = model_flops_per_token(probe.n_layer, probe.n_embd, probe.block_size, vocab_size)
         return world * probe.batch_size * probe.grad_accum * probe.block_size * flops / step_s
 
-    settings, reason = size_run(train_tokens, val_tokens, vocab_size, seconds_left, rate)
+    given = {k: getattr(cfg, k) for k in (*SIZED, "dropout") if k in sources}
+    settings, reason = size_run(train_tokens, val_tokens, vocab_size, seconds_left, rate, given)
     cfg = dataclasses.replace(cfg, **chosen(settings))
     kept = sorted(k for k in settings if k in sources)  # the rule's estimate is then of another run: not said
     say(f"no preset: sized for the data ({train_tokens:,} training tokens): {cfg.n_layer} layers x {cfg.n_embd} wide, "
@@ -221,7 +233,7 @@ def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, elapsed=N
                         "give more time, or a smaller model")
     changes = {"lr_decay_iters": steps}
     if spread:
-        changes["eval_interval"] = max(1, math.ceil(steps / EVALS))
+        changes["eval_interval"] = max(1, math.ceil(steps / spread_evaluations(left, eval_s)))
     changes["warmup_iters"] = min(cfg.warmup_iters, max(1, steps // 10))
     changes = {k: v for k, v in changes.items() if sources.get(k) != "command line"}
     capped = sources.get("max_iters") == "command line" and steps == cfg.max_iters  # --max_iters: at most that
@@ -310,19 +322,24 @@ class LoopTimes:
 # --- The budget ---------------------------------------------------------------------------
 
 
+def spread_evaluations(seconds_left, eval_s):
+    """How many evaluations to spread over a run of seconds_left when each takes eval_s (EVALS)."""
+    return max(MIN_EVALS, min(EVALS, int(EVAL_SHARE * seconds_left / max(eval_s, 1e-9))))
+
+
 def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None):
     """How many steps fit in seconds_left, when each takes step_s, and an evaluation (with its
-    checkpoints) taking eval_s comes first, every eval_interval steps and at the end (None: EVALS
-    evaluations spread over the run, and one at the start). At most max_steps."""
+    checkpoints) taking eval_s comes first, every eval_interval steps and at the end (None:
+    spread_evaluations spread over the run, and one at the start). At most max_steps."""
 
     def evaluations(steps):
         if eval_interval is None:
-            return EVALS + 1
+            return spread_evaluations(seconds_left, eval_s) + 1
         return 1 + steps // eval_interval + (steps % eval_interval > 0)
 
     per_step = step_s + (0 if eval_interval is None else eval_s / eval_interval)
     steps = max(0, int((seconds_left - evaluations(0) * eval_s) / per_step))  # about right: at most one over
-    while steps > 0 and steps * step_s + evaluations(steps) * eval_s > seconds_left:
+    while steps > 0 and steps * step_s + evaluations(steps) * eval_s > seconds_left + 1e-9:  # (float rounding)
         steps -= 1
     return steps if max_steps is None else min(steps, max_steps)
 
