@@ -34,7 +34,7 @@ def size(settings):
 
 
 def test_less_data_gives_a_smaller_or_more_regularized_model():
-    runs = [choose(tokens)[0] for tokens in (20_000, 200_000, 1_000_000, 30_000_000)]
+    runs = [choose(tokens)[0] for tokens in (20_000, 100_000, 1_000_000, 30_000_000)]  # 100k: seen 27 times
     for smaller_data, larger_data in zip(runs, runs[1:]):
         assert size(smaller_data) <= size(larger_data)
         assert smaller_data["dropout"] >= larger_data["dropout"]
@@ -48,6 +48,33 @@ def test_less_data_gives_a_smaller_or_more_regularized_model():
 def test_more_time_gives_a_larger_model_on_plenty_of_data():
     sizes = [size(choose(30_000_000, seconds=s)[0]) for s in (60, 300, 3600, 36_000)]
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+
+
+@pytest.mark.parametrize("train_tokens", [20_000, 200_000, 1_000_000, 30_000_000])
+def test_more_time_never_gives_a_smaller_model_or_less_training(train_tokens):
+    plans = []
+    for seconds in (60, 300, 1200, 3600, 36_000):
+        chosen = choose(train_tokens, seconds=seconds)[0]
+        flops = budget.model_flops_per_token(chosen["n_layer"], chosen["n_embd"], chosen["block_size"], 65)
+        plans.append((size(chosen), min(budget.MAX_EPOCHS * train_tokens, 50 * GFLOPS * seconds / flops)))
+    for shorter, longer in zip(plans, plans[1:]):
+        assert longer[0] >= shorter[0] and longer[1] >= shorter[1], plans  # parameters, tokens trained on
+
+
+def test_evaluations_take_a_small_share_of_a_short_run_and_a_long_run_gets_them_all():
+    assert budget.spread_evaluations(60, eval_s=0.5) == budget.MIN_EVALS  # 4 x 0.5 s of a minute
+    assert budget.spread_evaluations(300, eval_s=2.5) == budget.MIN_EVALS
+    assert budget.spread_evaluations(1200, eval_s=2.5) == budget.EVALS
+    counts = [budget.spread_evaluations(seconds, 1.0) for seconds in (10, 100, 300, 1000, 10_000)]
+    assert counts == sorted(counts)
+
+
+def test_the_rule_chooses_around_what_was_given():
+    given = {"block_size": 256, "batch_size": 8, "n_embd": 96}
+    settings, _, _ = budget.choose_run(1_000_000, 100_000, 65, 50 * GFLOPS, 300, given)
+    assert {k: settings[k] for k in given} == given and 96 % settings["n_head"] == 0
+    five_heads, _, _ = budget.choose_run(1_000_000, 100_000, 65, 50 * GFLOPS, 300, {"n_head": 5})
+    assert five_heads["n_embd"] % 5 == 0
 
 
 def test_a_faster_device_gives_a_larger_model():

@@ -119,11 +119,13 @@ def model_flops_per_token(n_layer, n_embd, block_size, vocab_size):
 def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given=None):
     """The model and training for this data and budget: ({setting: value}, most steps worth
     taking, a reason to print). flops_per_s: the training rate measured on this device.
-    given: the settings of SIZED and dropout that the command line set, chosen around."""
+    given: the settings of SIZED, n_head and dropout that the command line set, chosen around."""
     given, data_tokens = given or {}, MAX_EPOCHS * train_tokens  # what the text can usefully give
 
-    def shape(n_layer, n_embd):  # one of SHAPES, with what was given
-        settings = shape_settings(given.get("n_layer", n_layer), given.get("n_embd", n_embd))
+    def shape(n_layer, n_embd):  # one of SHAPES, with what was given (a width that n_head divides)
+        heads_given = given.get("n_head", 1)
+        n_embd = given.get("n_embd", heads_given * max(1, round(n_embd / heads_given)))
+        settings = shape_settings(given.get("n_layer", n_layer), n_embd)
         settings["block_size"] = given.get("block_size", min(settings["block_size"], val_tokens // 2))
         return settings
 
@@ -147,11 +149,12 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     # 2.09 with 24 over 2,300; a 4.6M text (1 pass) 1.82 with 64 over 1,400, 1.90 with 16.
     batch = given.get("batch_size", max(16, min(128, 8 * round(total / (block * MAX_STEPS) / 8))))
     # The more often each token is seen, the more the model must be kept from memorizing it:
-    # none up to 8 passes, 0.1 at 16, 0.2 from 32 (the measured best at 30-60 passes; 0.3 was
-    # worse on the small models and no better on the largest). Below 8 it slowed learning in the
-    # one pair of runs that tried it: Tiny Shakespeare, batch 48, 6 passes, 2.27 with dropout 0.06
-    # over 1,400 steps, 2.18 without over 2,100 (on a faster hour: not dropout alone).
-    dropout = given.get("dropout", 0.0 if epochs <= 8 else min(0.2, round(0.1 * math.log2(epochs / 8), 2)))
+    # none up to 16 passes, then 0.1, and 0.2 from 32 (the measured best at 30-60 passes; 0.3 was
+    # worse on the small models and no better on the largest). Below 16 it slowed learning more than
+    # it kept memorizing away: Tiny Shakespeare, batch 48, 6 passes, 2.27 with dropout 0.06 over
+    # 1,400 steps, 2.18 without over 2,100 (on a faster hour: not dropout alone); the Cyrillic text
+    # in 1 minute, 3 x 96, 14 passes, 2.286 with 0.09, 2.195 without.
+    dropout = given.get("dropout", 0.0 if epochs < 16 else min(0.2, round(0.1 * math.log2(epochs / 8), 2)))
     whole_val = val_tokens <= EVAL_BATCHES * batch * block  # a small val split is cheap to read whole: exact
     settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=0 if whole_val else EVAL_BATCHES)
     reason = f"about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)"
@@ -209,7 +212,7 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_le
         flops = model_flops_per_token(probe.n_layer, probe.n_embd, probe.block_size, vocab_size)
         return world * probe.batch_size * probe.grad_accum * probe.block_size * flops / step_s
 
-    given = {k: getattr(cfg, k) for k in (*SIZED, "dropout") if k in sources}
+    given = {k: getattr(cfg, k) for k in (*SIZED, "n_head", "dropout") if k in sources}
     settings, reason = size_run(train_tokens, val_tokens, vocab_size, seconds_left, rate, given)
     cfg = dataclasses.replace(cfg, **chosen(settings))
     kept = sorted(k for k in settings if k in sources)  # the rule's estimate is then of another run: not said
