@@ -149,12 +149,14 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     # 2.09 with 24 over 2,300; a 4.6M text (1 pass) 1.82 with 64 over 1,400, 1.90 with 16.
     batch = given.get("batch_size", max(16, min(128, 8 * round(total / (block * MAX_STEPS) / 8))))
     # The more often each token is seen, the more the model must be kept from memorizing it:
-    # none up to 16 passes, then 0.1, and 0.2 from 32 (the measured best at 30-60 passes; 0.3 was
-    # worse on the small models and no better on the largest). Below 16 it slowed learning more than
-    # it kept memorizing away: Tiny Shakespeare, batch 48, 6 passes, 2.27 with dropout 0.06 over
-    # 1,400 steps, 2.18 without over 2,100 (on a faster hour: not dropout alone); the Cyrillic text
-    # in 1 minute, 3 x 96, 14 passes, 2.286 with 0.09, 2.195 without.
-    dropout = given.get("dropout", 0.0 if epochs < 16 else min(0.2, round(0.1 * math.log2(epochs / 8), 2)))
+    # none up to 8 passes, 0.1 at 16, 0.2 from 32 (the measured best at 30-60 passes; 0.3 was
+    # worse on the small models and no better on the largest). Below 8 it slowed learning in the
+    # one pair of runs that tried it: Tiny Shakespeare, batch 48, 6 passes, 2.27 with dropout 0.06
+    # over 1,400 steps, 2.18 without over 2,100 (on a faster hour: not dropout alone). Between 8
+    # and 16 the runs disagree: the Cyrillic text in 1 minute, 3 x 96, 14 passes, 2.286 with 0.09
+    # and 2.195 without; Tiny Shakespeare in 20 minutes, 6 x 192, 13 passes, without: val rose
+    # from step 616 of 1,232 (2.184 at best, worse than 5 minutes' 2.153).
+    dropout = given.get("dropout", 0.0 if epochs <= 8 else min(0.2, round(0.1 * math.log2(epochs / 8), 2)))
     whole_val = val_tokens <= EVAL_BATCHES * batch * block  # a small val split is cheap to read whole: exact
     settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=0 if whole_val else EVAL_BATCHES)
     reason = f"about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)"
