@@ -211,7 +211,7 @@ def decide(cfg, sources, ckpt, weights, data, procs):
                                               meta["vocab_size"], left, procs.world,
                                               lambda settings: probe(build(settings, data, procs)), procs.say)
         if time_budget is not None:
-            time_budget.sized(max_steps, times if procs.world == 1 and not cfg.compile else None)
+            time_budget.use_sizing(max_steps, times if procs.world == 1 and not cfg.compile else None)
     return cfg, time_budget
 
 

@@ -269,7 +269,7 @@ class Budget:
     """A run's time budget, kept by train.py from its start to its end: the steps fitted once from a
     probe of a few real steps (fit), then again from the loop's own times (replan). max_steps: the
     most steps worth taking, --max_iters when the command line gives it with --max_time, and the
-    most the data can use when the run was sized for it (limit)."""
+    most the data can use when the run was sized for it (use_sizing)."""
 
     def __init__(self, seconds, sources, max_steps=None):
         self.seconds, self.sources, self.max_steps, self.times = seconds, sources, max_steps, None
@@ -283,7 +283,7 @@ class Budget:
             return cls(parse_duration(cfg.max_time or DEFAULT_BUDGET), sources, given)
         return None
 
-    def sized(self, max_steps, times):
+    def use_sizing(self, max_steps, times):
         """The run was sized for its data: at most max_steps, and its steps and evaluations take times
         (seconds each), when the sizing timed this very run (one process, not compiled), else None."""
         self.max_steps, self.times = min(max_steps, self.max_steps or max_steps), times
