@@ -255,7 +255,7 @@ def train(run):
     with terminal.StopRequested() as stop, bar:
         while True:
             eval_due = evaluation_due(run)
-            if eval_due and run.time_budget is not None:  # the steps fitted again, from the loop's own times
+            if run.time_budget is not None and (eval_due or run.it % AGREE_EVERY == 0):  # fitted again
                 run.cfg = run.time_budget.replan(run.cfg, run.it, times, run.procs.agree_on, bar.write)
                 bar.total = run.cfg.max_iters
             lr = get_lr(run.it, run.cfg)

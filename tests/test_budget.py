@@ -135,14 +135,15 @@ def test_a_bad_duration_is_a_user_error(text):
         budget.parse_duration(text)
 
 
+@pytest.mark.parametrize("start", [0, 30, 33])  # a plan made at step 0, or again later (at an evaluation or not)
 @pytest.mark.parametrize("eval_interval", [None, 7, 100])
-def test_planned_steps_and_evaluations_fill_the_time_without_passing_it(eval_interval):
+def test_planned_steps_and_evaluations_fill_the_time_without_passing_it(eval_interval, start):
     step_s, eval_s, seconds = 0.05, 0.4, 120
-    steps = budget.plan_steps(seconds, step_s, eval_s, eval_interval)
+    steps = budget.plan_steps(seconds, step_s, eval_s, eval_interval, start=start)
 
     def used(steps):  # an evaluation at the start, every eval_interval steps, and at the end
         evals = (budget.spread_evaluations(seconds, eval_s) + 1 if eval_interval is None
-                 else len({0, steps, *range(0, steps, eval_interval)}))
+                 else len({start + steps, *(i for i in range(start, start + steps) if i % eval_interval == 0)}))
         return steps * step_s + evals * eval_s
 
     assert used(steps) <= seconds + 1e-9 and used(steps + 1) > seconds - 1e-9  # full: one more would not fit
@@ -169,7 +170,7 @@ class FakeClock:
     the probe says a step takes 10 ms and an evaluation 0.1 s; the loop's steps take step_s."""
 
     def __init__(self, monkeypatch):
-        self.now, self.step_s, self.probes = 0.0, 0.01, []
+        self.now, self.step_s, self.probes, self.steps, self.slower = 0.0, 0.01, [], 0, {}  # slower: {from step: s}
         real_step, real_estimate, real_set_up = train.train_step, train.estimate_loss, train.set_up
 
         def set_up(*args, **kwargs):
@@ -181,6 +182,8 @@ class FakeClock:
             return 0.01, 0.1
 
         def train_step(*args, **kwargs):
+            self.steps += 1
+            self.step_s = self.slower.get(self.steps, self.step_s)
             self.now += self.step_s
             return real_step(*args, **kwargs)
 
@@ -262,6 +265,17 @@ def test_steps_slower_or_faster_than_the_probe_said_are_fitted_again_as_the_run_
     assert saved["lr_decay_iters"] == saved["max_iters"]
     # The run ended within its budget, and less than a step and an evaluation short of it.
     assert budget.USABLE * 3 - step_s - 0.1 < clock.now <= budget.USABLE * 3 + 1e-9
+
+
+def test_steps_that_slow_down_late_in_a_run_shorten_it_to_end_on_time(data_dir, tmp_path, clock, capsys):
+    args = [TINY, f"--data_dir={data_dir}", "--max_time=3s"]
+    assert train.main([*args, f"--out_dir={tmp_path / 'steady'}"]) == 0
+    planned = checkpoint.load_checkpoint(tmp_path / "steady" / "ckpt.pt")["iter"]
+    clock.steps, clock.slower = 0, {int(0.8 * planned): 0.015}  # half as slow again from 80% of the way
+    assert train.main([*args, f"--out_dir={tmp_path / 'slowed'}"]) == 0
+    saved = checkpoint.load_checkpoint(tmp_path / "slowed" / "ckpt.pt")
+    assert saved["iter"] == saved["train_config"]["max_iters"] == saved["train_config"]["lr_decay_iters"] < planned
+    assert clock.now <= budget.USABLE * 3 + 0.1  # past the plan's end by less than an evaluation
 
 
 @pytest.mark.parametrize("preset", [[], [TINY]], ids=["sized for the data", "a preset"])

@@ -8,8 +8,8 @@ With no preset, `choose_run` picks the model and its training from the number of
 training tokens, the vocabulary and the compute the time budget buys on this
 device. With a budget, `plan_steps` turns the time into a number of steps once,
 from step and evaluation times measured at the start (the probe, in train.py),
-and `replan` fits it again at evaluations in the run's first 3/4, from the
-loop's own times: the learning-rate schedule then ends on time, and the count is
+and `replan` fits it again every few steps from the loop's own times (after
+3/4 of the run, only shorter): the learning-rate schedule then ends on time, and the count is
 stored in the checkpoint, so a resumed run continues exactly instead of measuring again.
 """
 
@@ -249,15 +249,15 @@ def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, elapsed=N
     return cfg
 
 
-def replan(cfg, sources, seconds, it, step_s, eval_s, max_steps=None, elapsed=None, say=print):
+def replan(cfg, sources, seconds, it, step_s, eval_s, max_steps=None, elapsed=None, say=print, grow=True):
     """cfg with its steps fitted again, at iteration it, to what is left of the budget, from the
     loop's own mean step and evaluation times: a short probe can be 20% off on a busy machine.
-    train.py does this at each evaluation in a run's first 3/4, where the schedule takes the
-    change in its stride. Evaluations keep their interval; what the command line set stays.
+    Evaluations keep their interval; what the command line set stays. grow: the plan may get longer.
     elapsed: process_age() unless given. Says so when the steps change by 1% or more."""
     left = USABLE * seconds - (process_age() if elapsed is None else elapsed)
     room = None if max_steps is None else max(0, max_steps - it)
-    steps = it + (plan_steps(left, step_s, eval_s, cfg.eval_interval, room) if room != 0 else 0)
+    steps = it + (plan_steps(left, step_s, eval_s, cfg.eval_interval, room, it) if room != 0 else 0)
+    steps = steps if grow else min(steps, cfg.max_iters)
     if abs(steps - cfg.max_iters) >= 0.01 * cfg.max_iters:
         say(f"time budget: steps take {step_s * 1000:.0f} ms and evaluations {eval_s:.1f} s so far: "
             f"{steps:,} steps in all (planned: {cfg.max_iters:,})")
@@ -292,14 +292,16 @@ class Budget:
         return fit_to_time(cfg, self.sources, self.seconds, step_s, eval_s, self.max_steps, elapsed, say)
 
     def replan(self, cfg, it, times, agree_on, say=print):
-        """cfg with its steps fitted again at an evaluation in the run's first 3/4, where the schedule
-        takes the change in its stride; as it is elsewhere, or before the loop has times of its own.
-        agree_on: every process plans from rank 0's times."""
-        measured = times.means(it) if it <= 0.75 * cfg.max_iters else None
+        """cfg with its steps fitted again from the loop's own times, as it is before the loop has
+        them. In the run's first 3/4 the plan may grow or shrink, and the schedule takes the change in
+        its stride; after that it may only shrink, so that steps which slow down late (by up to 40% on
+        a 2-core CPU) do not carry the run past its budget. agree_on: all plan from rank 0's times."""
+        measured = times.means(it)
         if not measured:
             return cfg
         step_s, eval_s, now = agree_on(measured)
-        return replan(cfg, self.sources, self.seconds, it, step_s, eval_s, self.max_steps, now, say)
+        grow = it <= 0.75 * cfg.max_iters
+        return replan(cfg, self.sources, self.seconds, it, step_s, eval_s, self.max_steps, now, say, grow)
 
 
 class LoopTimes:
@@ -332,18 +334,19 @@ def spread_evaluations(seconds_left, eval_s):
     return max(MIN_EVALS, min(EVALS, int(EVAL_SHARE * seconds_left / max(eval_s, 1e-9))))
 
 
-def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None):
-    """How many steps fit in seconds_left, when each takes step_s, and an evaluation (with its
-    checkpoints) taking eval_s comes first, every eval_interval steps and at the end (None:
-    spread_evaluations spread over the run, and one at the start). At most max_steps."""
+def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None, start=0):
+    """How many steps after step `start` fit in seconds_left, when each takes step_s, and an evaluation
+    (with its checkpoints) taking eval_s comes at every multiple of eval_interval, `start` included, and
+    at the end (None: spread_evaluations spread over the run, and one at the start). At most max_steps."""
 
     def evaluations(steps):
         if eval_interval is None:
             return spread_evaluations(seconds_left, eval_s) + 1
-        return 1 + steps // eval_interval + (steps % eval_interval > 0)
+        end = start + steps
+        return (start % eval_interval == 0) + end // eval_interval - start // eval_interval + (end % eval_interval > 0)
 
     per_step = step_s + (0 if eval_interval is None else eval_s / eval_interval)
-    steps = max(0, int((seconds_left - evaluations(0) * eval_s) / per_step))  # about right: at most one over
+    steps = max(0, int((seconds_left - (eval_interval is None) * evaluations(0) * eval_s) / per_step))  # or more
     while steps > 0 and steps * step_s + evaluations(steps) * eval_s > seconds_left + 1e-9:  # (float rounding)
         steps -= 1
     return steps if max_steps is None else min(steps, max_steps)
