@@ -69,6 +69,17 @@ def test_evaluations_take_a_small_share_of_a_short_run_and_a_long_run_gets_them_
     assert counts == sorted(counts)
 
 
+def test_an_evaluation_reads_the_same_number_of_tokens_whatever_the_batch():
+    read = []
+    for seconds in (60, 1200, 36_000):  # more time: larger batches
+        chosen = budget.choose_run(30_000_000, 3_000_000, 65, 50 * GFLOPS, seconds)[0]
+        tokens_per_batch = chosen["batch_size"] * chosen["block_size"]
+        read.append((chosen["batch_size"], chosen["eval_iters"] * tokens_per_batch))
+        assert budget.EVAL_TOKENS <= read[-1][1] < budget.EVAL_TOKENS + tokens_per_batch
+    assert len({batch for batch, _ in read}) == 3, read
+    assert budget.choose_run(100_000, budget.EVAL_TOKENS, 65, 50 * GFLOPS, 60)[0]["eval_iters"] == 0  # read whole
+
+
 def test_the_rule_chooses_around_what_was_given():
     given = {"block_size": 256, "batch_size": 8, "n_embd": 96}
     settings, _, _ = budget.choose_run(1_000_000, 100_000, 65, 50 * GFLOPS, 300, given)

@@ -75,7 +75,11 @@ RECIPE = {"pos": "rope", "optimizer": "muon", "muon_lr": 0.015, "muon_momentum":
 # 5 minutes, 12 evaluations took 33 s of 281 (12%); 4 left 7% more steps for training.
 EVALS, MIN_EVALS, EVAL_SHARE = 12, 4, 0.03
 USABLE = 0.97  # of a budget, for steps and evaluations: the rest for saving, the exit and a slower last quarter
-EVAL_BATCHES = 20  # batches per loss estimate when the val split is too large to read whole
+# Tokens per loss estimate (of each split) when the val split is too large to read whole: a fixed
+# number of tokens, not of batches, so that a large batch does not make each evaluation longer. The
+# Python source in 20 minutes (batch 104 x 128) spent 22 s on each of 5 evaluations, 10% of the run,
+# with 20 batches.
+EVAL_TOKENS = 20 * 32 * 128
 
 
 # What the sizing chooses for a run with no preset. Given all of them, nothing is sized: the run is
@@ -157,8 +161,8 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     # and 2.195 without; Tiny Shakespeare in 20 minutes, 6 x 192, 13 passes, without: val rose
     # from step 616 of 1,232 (2.184 at best, worse than 5 minutes' 2.153).
     dropout = given.get("dropout", 0.0 if epochs <= 8 else min(0.2, round(0.1 * math.log2(epochs / 8), 2)))
-    whole_val = val_tokens <= EVAL_BATCHES * batch * block  # a small val split is cheap to read whole: exact
-    settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=0 if whole_val else EVAL_BATCHES)
+    eval_iters = 0 if val_tokens <= EVAL_TOKENS else math.ceil(EVAL_TOKENS / (batch * block))  # 0: whole, exact
+    settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=eval_iters)
     reason = f"about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)"
     return settings, most_steps(train_tokens, batch * block), reason
 
