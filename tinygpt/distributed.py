@@ -8,7 +8,7 @@ every process (a plan, a decision to stop) is rank 0's, broadcast to all (agree_
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -24,7 +24,6 @@ class Processes:
     rank: int  # this process's number, 0 to world - 1; rank 0 evaluates, saves and prints
     world: int  # how many processes train together
     device: str  # this process's device: cpu, cuda:N or mps
-    kept: dict = field(default_factory=dict)  # the tensors of collectives, one per dtype and length
 
     @property
     def master(self):
@@ -47,7 +46,9 @@ class Processes:
         """Rank 0's numbers on every process, so that all make the same plan."""
         if self.world == 1:
             return tuple(numbers)
-        return self.collective(numbers, torch.float64, lambda t: dist.broadcast(t, src=0))
+        t = torch.tensor(numbers, dtype=torch.float64, device=self.device)
+        dist.broadcast(t, src=0)
+        return tuple(t.tolist())
 
     def agree(self, flag):
         """Rank 0's flag on every process: its evaluations decide for all."""
@@ -58,19 +59,9 @@ class Processes:
         (a signal's number), or trouble (a non-finite loss: 1), is every process's."""
         if self.world == 1:
             return tuple(numbers)
-        return self.collective(numbers, torch.int64, lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX))
-
-    def collective(self, numbers, dtype, op):
-        """numbers through op, a collective that works in place, on a tensor this process keeps to its
-        end: gloo's worker thread lets go of a collective's tensor after the collective returns, and as
-        its last holder it would need Python's lock, which a process on its way out no longer gives
-        (an abort at exit, "terminate called without an active exception")."""
-        key = (dtype, len(numbers))
-        if key not in self.kept:
-            self.kept[key] = torch.empty(len(numbers), dtype=dtype, device=self.device)
-        self.kept[key].copy_(torch.tensor(numbers, dtype=dtype))
-        op(self.kept[key])
-        return tuple(self.kept[key].tolist())
+        t = torch.tensor(numbers, dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return tuple(t.tolist())
 
     @contextlib.contextmanager
     def together(self):
