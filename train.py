@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import math
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from tinygpt import budget
 from tinygpt.checkpoint import read_start, restore_run, run_state, save_checkpoint
 from tinygpt.dataset import estimate_loss, load_data, step_seed, train_batches
 from tinygpt.device import maybe_compile, mfu, pick_dtype, training_autocasts
-from tinygpt.distributed import Processes, end_processes, start_processes
+from tinygpt.distributed import Processes, end_processes, exit_process, start_processes
 from tinygpt.files import version
 from tinygpt.optim import configure_optimizer
 from tinygpt.outdir import RunLock, append_record, start_log
@@ -378,4 +377,4 @@ def finish(run, signum=0):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -42,7 +42,7 @@ WORKER = textwrap.dedent("""
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real_save(obj, f, *args, **kwargs)
         torch.save = save
-    sys.exit(train.main(sys.argv[1:]))
+    train.exit_process(train.main(sys.argv[1:]))  # as `python train.py` ends
 """)
 
 
