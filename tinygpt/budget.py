@@ -350,7 +350,7 @@ def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None,
         return (start % eval_interval == 0) + end // eval_interval - start // eval_interval + (end % eval_interval > 0)
 
     per_step = step_s + (0 if eval_interval is None else eval_s / eval_interval)
-    steps = max(0, int((seconds_left - (eval_interval is None) * evaluations(0) * eval_s) / per_step))  # or more
+    steps = max(0, int(seconds_left / per_step))  # a few evaluations' worth too many: counted down
     while steps > 0 and steps * step_s + evaluations(steps) * eval_s > seconds_left + 1e-9:  # (float rounding)
         steps -= 1
     return steps if max_steps is None else min(steps, max_steps)
