@@ -28,15 +28,23 @@ def test_mfu_over_several_processes_is_against_as_many_gpus(monkeypatch):
     assert device.mfu(2.0, 40.0, "cuda", world=8) == 0.1  # 8 processes' tokens on 8 GPUs' peak
 
 
-def test_a_lone_process_on_cuda_n_trains_on_that_gpu_with_tf32(monkeypatch):
+@pytest.mark.parametrize("name, expected", [("cuda:1", "cuda:1"), ("cuda", "cuda:0")])
+def test_a_lone_process_trains_on_the_gpu_it_names_with_tf32(monkeypatch, name, expected):
     chosen = []
+
+    def set_device(device):  # as torch's: a GPU without its number is refused (seen on an H200)
+        if torch.device(device).index is None:
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        chosen.append(device)
+
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(distributed, "check_device", lambda name: name)
-    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     before = torch.backends.cuda.matmul.fp32_precision
     try:
-        procs = distributed.start_processes("cuda:1")
-        assert (procs.device, chosen, torch.backends.cuda.matmul.fp32_precision) == ("cuda:1", ["cuda:1"], "tf32")
+        procs = distributed.start_processes(name)
+        assert (procs.device, chosen, torch.backends.cuda.matmul.fp32_precision) == (expected, [expected], "tf32")
     finally:
         torch.backends.cuda.matmul.fp32_precision = before
 

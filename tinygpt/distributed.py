@@ -103,6 +103,8 @@ def start_processes(device_name):
         torch.backends.cuda.matmul.fp32_precision = "tf32"  # fp32 matmuls (--dtype=float32) on tensor cores
         if "RANK" in os.environ:
             device = f"cuda:{os.environ['LOCAL_RANK']}"  # torchrun's processes: one GPU each
+        elif device == "cuda":
+            device = f"cuda:{torch.cuda.current_device()}"  # set_device refuses a GPU without its number
         torch.cuda.set_device(device)  # what follows (bf16 support, the GPU's name, pinned memory) reads this GPU
     if "RANK" not in os.environ:
         return Processes(0, 1, device)
