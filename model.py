@@ -88,7 +88,7 @@ class CausalAverage(nn.Module):
 # --- Rung 3: one head of self-attention -----------------------------------------------------
 
 
-def attention(q, k, v, mask=None, dropout=None, score_vector=None):
+def attention(q, k, v, mask=None, score_vector=None):
     """Attention written out: (output (..., T, hs), weights (..., T, S)) for queries q (..., T, hs)
     and keys and values k, v (..., S, hs). Dividing q·k by sqrt(hs) keeps the scores at unit
     variance, so the softmax does not saturate into one-hot; a key a query may not see gets
@@ -100,8 +100,6 @@ def attention(q, k, v, mask=None, dropout=None, score_vector=None):
         scores = additive_scores(q, k, score_vector)  # (..., T, S)
     mask = tril_mask(T, S, q.device) if mask is None else mask
     weights = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)  # (..., T, S)
-    if dropout is not None:
-        weights = dropout(weights)
     return weights @ v, weights  # (..., T, hs), (..., T, S)
 
 
@@ -115,7 +113,6 @@ class Head(nn.Module):
         self.query = nn.Linear(config.n_embd, head_size, bias=False)
         self.key = nn.Linear(config.n_embd, head_size, bias=False)
         self.value = nn.Linear(config.n_embd, head_size, bias=False)
-        self.dropout = nn.Dropout(config.dropout)
         self.score_vector = score_vectors(1, head_size) if config.score == "additive" else None
         self.weights = None  # the last attention weights, for a look at them (python -m tinygpt.plot)
 
@@ -124,7 +121,7 @@ class Head(nn.Module):
         k = self.key(x).unsqueeze(1)  # (B, 1, T, hs)
         v = self.value(x).unsqueeze(1)  # (B, 1, T, hs)
         q, k, v = ctx.rotate_and_cache(q, k, v)  # rotary positions, and a cache's earlier keys: (B, 1, S, hs)
-        out, self.weights = attention(q, k, v, ctx.mask, self.dropout, self.score_vector)  # (B, 1, T, hs)
+        out, self.weights = attention(q, k, v, ctx.mask, self.score_vector)  # (B, 1, T, hs)
         return out.squeeze(1)  # (B, T, hs)
 
 
@@ -142,7 +139,8 @@ class MultiHeadAttention(nn.Module):
         self.n_head = config.n_head
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # every head's q, k and v
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.attn_dropout = nn.Dropout(config.dropout)
+        # Dropout on what the heads add to the stream, none on their weights: dropping weights sends
+        # a CPU's fused attention back to the written-out math, each step 1.4x as long, for no better val.
         self.resid_dropout = nn.Dropout(config.dropout)
         self.fused = config.fused_attention
         self.score_vector = score_vectors(config.n_head, config.head_size) if config.score == "additive" else None
@@ -153,9 +151,9 @@ class MultiHeadAttention(nn.Module):
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hs)
         q, k, v = ctx.rotate_and_cache(*qkv)  # each (B, H, T, hs); k and v (B, H, S, hs)
         if self.fused and not self.keep_weights and self.score_vector is None:
-            out = fused_attention(q, k, v, ctx.mask, self.attn_dropout.p if self.training else 0.0)  # (B, H, T, hs)
+            out = fused_attention(q, k, v, ctx.mask)  # (B, H, T, hs)
         else:
-            out, weights = attention(q, k, v, ctx.mask, self.attn_dropout, self.score_vector)  # (B, H, T, hs)
+            out, weights = attention(q, k, v, ctx.mask, self.score_vector)  # (B, H, T, hs)
             self.weights = weights if self.keep_weights else None
         out = out.transpose(1, 2).reshape(B, T, C)  # (B, T, C): the heads' outputs side by side
         return self.resid_dropout(self.c_proj(out))
@@ -332,7 +330,7 @@ def padding_mask(valid, T):
     return (tril_mask(T, S, valid.device) & valid[:, None, None, :]) | itself
 
 
-def fused_attention(q, k, v, mask=None, dropout_p=0.0):
+def fused_attention(q, k, v, mask=None):
     """attention()'s output from PyTorch's fused kernel, which keeps no weights. On a CPU under
     bf16 autocast it runs in fp32: its bf16 backward there takes ~5x as long as fp32's."""
     T, S = q.size(-2), k.size(-2)
@@ -340,8 +338,8 @@ def fused_attention(q, k, v, mask=None, dropout_p=0.0):
         mask = tril_mask(T, S, q.device)
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
-            return fused_attention(q.float(), k.float(), v.float(), mask, dropout_p)
-    return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal=mask is None and S == T)
+            return fused_attention(q.float(), k.float(), v.float(), mask)
+    return F.scaled_dot_product_attention(q, k, v, mask, is_causal=mask is None and S == T)
 
 
 def additive_scores(q, k, score_vector):

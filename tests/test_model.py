@@ -168,6 +168,19 @@ def test_written_out_attention_equals_the_fused_kernel(rung, pos):
         torch.testing.assert_close(explicit(padded, valid=valid)[0], fused(padded, valid=valid)[0], atol=1e-5, rtol=0)
 
 
+def test_training_with_dropout_leaves_each_querys_attention_weights_summing_to_one():
+    """Dropout sits on the embeddings and on what each sub-layer adds to the stream, never on the
+    attention weights: on a CPU, dropping them sent the fused kernel back to the written-out math."""
+    model = make("full", dropout=0.5, fused_attention=False).train()
+    attn = model.blocks[0].mixer
+    attn.keep_weights = True
+    torch.manual_seed(1)
+    _, loss = model(tokens(3, 16), tokens(3, 16))
+    torch.testing.assert_close(attn.weights.sum(-1), torch.ones(3, attn.n_head, 16), atol=1e-5, rtol=0)
+    torch.manual_seed(2)
+    assert not torch.allclose(model(tokens(3, 16), tokens(3, 16))[1], loss)  # other masks: dropout is on
+
+
 @pytest.mark.parametrize("rung, overrides", VARIANTS, ids=VARIANT_IDS)
 def test_left_padded_row_gives_the_logits_of_its_prompt_alone(rung, overrides):
     model = make(rung, **overrides)

@@ -109,9 +109,8 @@ def memory_bound(mconf, batch_size, block_size, shrink=1):
     # or a Head's x, q, k, v; the feed-forward's input and two 4C-wide ones (GELU's and c_proj's); dropout masks.
     norms = (4 * C + 8) * ln * ((mixer != "none") + ff)
     rows = {"none": 0, "average": 0, "head": 4, "multihead": 7 + drop}[mixer] + (9 + drop) * ff
-    # Each query's H x T attention weights, with dropout also their mask and the dropped copy; additive
-    # scores' (B, H, T, T, hs) tanh, where H * hs = C.
-    weights = 4 * H * T * (1 + 2 * drop) + 4 * T * C * (mconf.score == "additive")
+    # Each query's H x T attention weights; additive scores' (B, H, T, T, hs) tanh, where H * hs = C.
+    weights = 4 * H * T + 4 * T * C * (mconf.score == "additive")
     per_layer = (tokens * (norms + 4 * C * rows + attention * weights)
                  + 4 * T * T * (mixer != "none") + 8 * T * C * (mconf.pos == "rope"))  # a (T, T) mask; rope's cos, sin
     # Once: the ids (int64) and positions; x, its dropout mask, ln_f's input, mean and rstd, lm_head's input;
