@@ -69,6 +69,18 @@ def test_evaluations_take_a_small_share_of_a_short_run_and_a_long_run_gets_them_
     assert counts == sorted(counts)
 
 
+def test_a_short_runs_evaluations_read_fewer_batches_down_to_an_eighth_of_the_tokens():
+    cfg = train.TrainConfig(eval_iters=40, batch_size=16, block_size=128)  # 40 x 2,048 tokens: EVAL_TOKENS
+    fewer, eval_s = budget.fewer_batches_per_evaluation(cfg, 55, eval_s=2.1)  # Tiny Shakespeare, 1 minute
+    assert fewer.eval_iters < 40 and (budget.MIN_EVALS + 1) * eval_s <= budget.EVAL_SHARE * 55
+    assert eval_s == pytest.approx(2.1 * fewer.eval_iters / 40)
+    assert budget.fewer_batches_per_evaluation(cfg, 1200, eval_s=2.1)[0].eval_iters == 40  # 20 minutes: all
+    least = budget.fewer_batches_per_evaluation(cfg, 5, eval_s=2.1)[0].eval_iters
+    assert least * 16 * 128 >= budget.EVAL_TOKENS / 8 > (least - 1) * 16 * 128
+    batches = [budget.fewer_batches_per_evaluation(cfg, s, 2.1)[0].eval_iters for s in (5, 30, 60, 300, 1200)]
+    assert batches == sorted(batches)
+
+
 def test_an_evaluation_reads_the_same_number_of_tokens_whatever_the_batch():
     read = []
     for seconds in (60, 1200, 36_000):  # more time: larger batches
@@ -90,6 +102,15 @@ def test_the_rule_chooses_around_what_was_given():
 
 def test_a_faster_device_gives_a_larger_model():
     assert size(choose(30_000_000, flops_per_s=20e12)[0]) > size(choose(30_000_000, flops_per_s=50 * GFLOPS)[0])
+
+
+def test_the_sizing_counts_only_the_seconds_its_steps_will_have(monkeypatch):
+    counted = []
+    real = budget.size_run
+    monkeypatch.setattr(budget, "size_run", lambda *args: counted.append(args[3]) or real(*args))
+    budget.size_for_data(train.TrainConfig(), {}, 1_000_000, 100_000, 65, 60.0, 1, lambda c: (0.05, 0.5),
+                         say=lambda *a: None)
+    assert counted == [pytest.approx(60.0 * budget.USABLE * (1 - budget.EVAL_SHARE))]  # the plan's, less evaluations
 
 
 def test_size_run_settles_where_the_rate_measured_for_a_choice_gives_that_choice():
@@ -169,6 +190,15 @@ def test_fitting_a_preset_to_time_keeps_what_the_command_line_set():
     assert fitted.max_iters == fitted.lr_decay_iters == budget.plan_steps(budget.USABLE * 120 - budget.process_age(),
                                                                            0.01, 0.5, 250)
     assert fitted.eval_interval == 250 and fitted.warmup_iters == 100
+
+
+@pytest.mark.parametrize("given, expected", [({}, 6), ({"eval_iters": "command line"}, 40),
+                                             ({"eval_interval": "p.toml"}, 40)])  # a preset's evaluations: its own
+def test_only_evaluations_the_budget_spreads_read_fewer_batches(given, expected):
+    cfg = train.TrainConfig(eval_iters=40, batch_size=16, block_size=128, max_time="1m")
+    fitted = budget.fit_to_time(cfg, given, 60, step_s=0.05, eval_s=2.1, elapsed=60 * budget.USABLE - 55,
+                                say=lambda *a: None)
+    assert fitted.eval_iters == expected
 
 
 def test_no_time_left_is_a_user_error():

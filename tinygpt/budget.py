@@ -71,8 +71,9 @@ MAX_STEPS = 1500  # past this, larger batches instead of more steps
 RECIPE = {"pos": "rope", "optimizer": "muon", "muon_lr": 0.015, "muon_momentum": 0.9, "learning_rate": 1.5e-3,
           "min_lr": 0.0, "weight_decay": 0.1, "bias": False}
 # Evaluations spread over a run with no preset (and one at the start): at most EVALS, fewer where
-# they would take more than EVAL_SHARE of the time, but at least MIN_EVALS. On Tiny Shakespeare at
-# 5 minutes, 12 evaluations took 33 s of 281 (12%); 4 left 7% more steps for training.
+# they would take more than EVAL_SHARE of the time, but at least MIN_EVALS, each reading fewer batches
+# where those would (fewer_batches_per_evaluation). On Tiny Shakespeare at 5 minutes, 12 evaluations
+# took 33 s of 281 (12%); 4 left 7% more steps for training.
 EVALS, MIN_EVALS, EVAL_SHARE = 12, 4, 0.03
 USABLE = 0.97  # of a budget, for steps and evaluations: the rest for saving, the exit and a slower last quarter
 # Tokens per loss estimate (of each split) when the val split is too large to read whole: a fixed
@@ -156,10 +157,11 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     # none up to 8 passes, 0.1 at 16, 0.2 from 32 (the measured best at 30-60 passes; 0.3 was
     # worse on the small models and no better on the largest). Below 8 it slowed learning in the
     # one pair of runs that tried it: Tiny Shakespeare, batch 48, 6 passes, 2.27 with dropout 0.06
-    # over 1,400 steps, 2.18 without over 2,100 (on a faster hour: not dropout alone). Between 8
-    # and 16 the runs disagree: the Cyrillic text in 1 minute, 3 x 96, 14 passes, 2.286 with 0.09
-    # and 2.195 without; Tiny Shakespeare in 20 minutes, 6 x 192, 13 passes, without: val rose
-    # from step 616 of 1,232 (2.184 at best, worse than 5 minutes' 2.153).
+    # over 1,400 steps, 2.18 without over 2,100 (on a faster hour: not dropout alone). Past 8 it
+    # is needed: Tiny Shakespeare in 20 minutes, 6 x 192, 13 passes, without: val rose from step
+    # 616 of 1,232 (2.184 at best, worse than 5 minutes' 2.153); with 0.07, 2.092. Since dropout
+    # left the attention weights (model.py: a step 1.1x as long, not 1.4x), the Cyrillic text in
+    # 1 minute, 3 x 96 at 32-39 passes with 0.2: 2.139 to 2.214 in 4 runs; the presets 2.160 to 2.239.
     dropout = given.get("dropout", 0.0 if epochs <= 8 else min(0.2, round(0.1 * math.log2(epochs / 8), 2)))
     eval_iters = 0 if val_tokens <= EVAL_TOKENS else math.ceil(EVAL_TOKENS / (batch * block))  # 0: whole, exact
     settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=eval_iters)
@@ -219,7 +221,11 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_le
         return world * probe.batch_size * probe.grad_accum * probe.block_size * flops / step_s
 
     given = {k: getattr(cfg, k) for k in (*SIZED, "n_head", "dropout") if k in sources}
-    settings, reason = size_run(train_tokens, val_tokens, vocab_size, seconds_left, rate, given)
+    # Sized for the seconds its steps will have: what the plan keeps, less the evaluations' share. On
+    # all of them, Tiny Shakespeare and the Rust text at 1 minute counted 2.4M tokens for 4 x 128 and
+    # trained it on 1.8M and 1.4M, one size too large (3 x 96 was 2.1% and 4.8% better).
+    train_seconds = USABLE * (1 - EVAL_SHARE) * seconds_left
+    settings, reason = size_run(train_tokens, val_tokens, vocab_size, train_seconds, rate, given)
     cfg = dataclasses.replace(cfg, **chosen(settings))
     kept = sorted(k for k in settings if k in sources)  # the rule's estimate is then of another run: not said
     say(f"no preset: sized for the data ({train_tokens:,} training tokens): {cfg.n_layer} layers x {cfg.n_embd} wide, "
@@ -235,6 +241,8 @@ def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, elapsed=N
     (under torchrun, rank 0's, so that every process plans the same steps)."""
     left = USABLE * seconds - (process_age() if elapsed is None else elapsed)
     spread = "eval_interval" not in sources
+    if spread and cfg.eval_iters and "eval_iters" not in sources:
+        cfg, eval_s = fewer_batches_per_evaluation(cfg, left, eval_s)
     steps = plan_steps(left, step_s, eval_s, None if spread else cfg.eval_interval, max_steps)
     if steps < 1 and max_steps != 0:  # (--max_iters=0: an evaluation, and no step)
         raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} leaves {max(left, 0):.0f} s after "
@@ -251,6 +259,16 @@ def fit_to_time(cfg, sources, seconds, step_s, eval_s, max_steps=None, elapsed=N
         f"of {step_s * 1000:.0f} ms and an evaluation every {cfg.eval_interval:,} ({eval_s:.1f} s each) in the "
         f"{left:.0f} s left")
     return cfg
+
+
+def fewer_batches_per_evaluation(cfg, seconds_left, eval_s):
+    """(cfg, eval_s): a short run's evaluations read fewer batches, so that the fewest it gets
+    (MIN_EVALS and the first) take about EVAL_SHARE of its time, but no fewer than an eighth of
+    EVAL_TOKENS. At 1 minute on Tiny Shakespeare, 5 evaluations of 40 batches took 10.5 s of 55."""
+    least = math.ceil(EVAL_TOKENS / 8 / (cfg.batch_size * cfg.block_size))
+    fitting = int(cfg.eval_iters * EVAL_SHARE * seconds_left / ((MIN_EVALS + 1) * eval_s))
+    iters = min(cfg.eval_iters, max(least, fitting))
+    return dataclasses.replace(cfg, eval_iters=iters), eval_s * iters / cfg.eval_iters
 
 
 def replan(cfg, sources, seconds, it, step_s, eval_s, max_steps=None, elapsed=None, say=print, grow=True):
