@@ -223,7 +223,7 @@ def size_for_data(cfg, sources, train_tokens, val_tokens, vocab_size, seconds_le
     given = {k: getattr(cfg, k) for k in (*SIZED, "n_head", "dropout") if k in sources}
     # Sized for the seconds its steps will have: what the plan keeps, less the evaluations' share. On
     # all of them, Tiny Shakespeare and the Rust text at 1 minute counted 2.4M tokens for 4 x 128 and
-    # trained it on 1.8M and 1.4M, one size too large (3 x 96 was 2.1% and 4.8% better).
+    # trained it on 1.8M and 1.4M, one size too large (3 x 96 was 2.1% and 4.6% better).
     train_seconds = USABLE * (1 - EVAL_SHARE) * seconds_left
     settings, reason = size_run(train_tokens, val_tokens, vocab_size, train_seconds, rate, given)
     cfg = dataclasses.replace(cfg, **chosen(settings))
