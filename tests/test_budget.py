@@ -45,6 +45,16 @@ def test_less_data_gives_a_smaller_or_more_regularized_model():
     assert runs[0]["dropout"] > 0 and runs[-1]["dropout"] == 0  # a small text is seen many times; a large once
 
 
+def test_dropout_follows_how_many_parameters_the_model_has_per_token_of_its_text():
+    def dropout(train_tokens, n_embd):  # 3 layers, as many passes as a text can give (an hour)
+        given = {"n_layer": 3, "n_embd": n_embd}
+        return budget.choose_run(train_tokens, 5_000, 65, 50 * GFLOPS, 3600, given)[0]["dropout"]
+
+    # The same model over the same 50 passes: the more text it has to memorize, the less dropout.
+    assert dropout(20_000, 96) == 0.2 and 0 < dropout(100_000, 96) < 0.2 and dropout(400_000, 96) == 0
+    assert dropout(100_000, 64) < dropout(100_000, 96)  # the same text, a smaller model
+
+
 def test_more_time_gives_a_larger_model_on_plenty_of_data():
     sizes = [size(choose(30_000_000, seconds=s)[0]) for s in (60, 300, 3600, 36_000)]
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1]

@@ -153,16 +153,18 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     # over 3,600, 2.20 with 16 over 4,500; a 109k text (35-50 passes) 2.03 with 48 over 1,500,
     # 2.09 with 24 over 2,300; a 4.6M text (1 pass) 1.82 with 64 over 1,400, 1.90 with 16.
     batch = given.get("batch_size", max(16, min(128, 8 * round(total / (block * MAX_STEPS) / 8))))
-    # The more often each token is seen, the more the model must be kept from memorizing it:
-    # none up to 8 passes, 0.1 at 16, 0.2 from 32 (the measured best at 30-60 passes; 0.3 was
-    # worse on the small models and no better on the largest). Below 8 it slowed learning in the
-    # one pair of runs that tried it: Tiny Shakespeare, batch 48, 6 passes, 2.27 with dropout 0.06
-    # over 1,400 steps, 2.18 without over 2,100 (on a faster hour: not dropout alone). Past 8 it
-    # is needed: Tiny Shakespeare in 20 minutes, 6 x 192, 13 passes, without: val rose from step
-    # 616 of 1,232 (2.184 at best, worse than 5 minutes' 2.153); with 0.07, 2.092. Since dropout
-    # left the attention weights (model.py: a step 1.1x as long, not 1.4x), the Cyrillic text in
-    # 1 minute, 3 x 96 at 32-39 passes with 0.2: 2.139 to 2.214 in 4 runs; the presets 2.160 to 2.239.
-    dropout = given.get("dropout", 0.0 if epochs <= 8 else min(0.2, round(0.1 * math.log2(epochs / 8), 2)))
+    # Dropout keeps a model from memorizing its text, which it can when it has more parameters than
+    # the text has tokens and sees them many times: none up to 8 passes or 1.6 parameters per token,
+    # then 0.1 more each time that doubles, at most 0.2. Measured with dropout on the stream alone
+    # (model.py), best.pt on the whole val split, bits/char: the Cyrillic text in 1 minute, 3 x 96
+    # (3.4 per token, 31-39 passes), 2.05 with 0.1, 2.12 with 0.15, 2.19 with 0.2, 2.28 without;
+    # the license, 3 x 96 (16 per token, 50 passes), 2.48 with 0.2, 2.54 with 0.1. Earlier, with
+    # dropout on the attention weights too: Tiny Shakespeare in 20 minutes, 6 x 192 (2.6 per token,
+    # 13 passes), val rose from step 616 of 1,232 without (2.184 at best), 2.092 with 0.07; in 5
+    # minutes (6 passes), 2.27 with 0.06 and 2.18 without.
+    per_token = block_params(settings["n_layer"], settings["n_embd"]) / train_tokens
+    dropout = 0.0 if epochs <= 8 or per_token <= 1.6 else min(0.2, round(0.1 * math.log2(per_token / 1.6), 2))
+    dropout = given.get("dropout", dropout)
     eval_iters = 0 if val_tokens <= EVAL_TOKENS else math.ceil(EVAL_TOKENS / (batch * block))  # 0: whole, exact
     settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=eval_iters)
     reason = f"about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)"
