@@ -63,12 +63,27 @@ def test_more_time_gives_a_larger_model_on_plenty_of_data():
 @pytest.mark.parametrize("train_tokens", [20_000, 200_000, 1_000_000, 30_000_000])
 def test_more_time_never_gives_a_smaller_model_or_less_training(train_tokens):
     plans = []
-    for seconds in (60, 300, 1200, 3600, 36_000):
+    for seconds in [*range(10, 1200, 10), 3600, 36_000]:
         chosen = choose(train_tokens, seconds=seconds)[0]
         flops = budget.model_flops_per_token(chosen["n_layer"], chosen["n_embd"], chosen["block_size"], 65)
         plans.append((size(chosen), min(budget.MAX_EPOCHS * train_tokens, 50 * GFLOPS * seconds / flops)))
-    for shorter, longer in zip(plans, plans[1:]):
-        assert longer[0] >= shorter[0] and longer[1] >= shorter[1], plans  # parameters, tokens trained on
+    for shorter, longer in zip(plans, plans[1:]):  # (parameters, tokens trained on)
+        # A larger model, worth its size (it trains on fewer tokens than the smaller one had), or more training.
+        assert longer[0] > shorter[0] or (longer[0] == shorter[0] and longer[1] >= shorter[1]), (shorter, longer)
+        assert longer[1] >= budget.TOKENS_PER_PARAM * longer[0] or longer[0] == plans[0][0]
+
+
+def test_a_short_budget_chooses_a_model_it_can_give_max_steps_even_at_the_smallest_batch():
+    larger_ones = 0
+    for seconds in range(10, 600, 5):
+        chosen = choose(30_000_000, seconds=seconds)[0]
+        if (chosen["n_layer"], chosen["n_embd"]) == budget.SHAPES[0]:
+            continue  # nothing smaller to choose
+        larger_ones += 1
+        flops = budget.model_flops_per_token(chosen["n_layer"], chosen["n_embd"], chosen["block_size"], 65)
+        steps = 50 * GFLOPS * seconds / flops / (budget.MIN_BATCH * chosen["block_size"])
+        assert steps >= budget.MAX_STEPS, (seconds, chosen)
+    assert larger_ones > 50
 
 
 def test_evaluations_take_a_small_share_of_a_short_run_and_a_long_run_gets_them_all():

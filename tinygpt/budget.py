@@ -65,6 +65,7 @@ TOKENS_PER_PARAM = 3
 # passes over it; without, the model memorizes it within a few.
 MAX_EPOCHS = 50
 MAX_STEPS = 1500  # past this, larger batches instead of more steps
+MIN_BATCH = 16
 # The fast recipe (config/shakespeare_char_cpu_fast.toml): Muon for the block matrices, rotary positions;
 # and the learning rate decayed to 0 (Tiny Shakespeare, 5 minutes, 4 x 128 with batch 80: whole val
 # 1.516 with min_lr 1e-4, 1.502 with 0 and fewer evaluations; with batch 64 and 0 alone, 1.504).
@@ -138,10 +139,19 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
         flops = model_flops_per_token(s["n_layer"], s["n_embd"], s["block_size"], vocab_size)
         return min(data_tokens, flops_per_s * seconds / flops)
 
-    # The largest model that the budget and the text can both feed: past it, a model sees
-    # too few tokens per parameter to beat a smaller one trained longer.
+    def worth_its_size(s):  # enough tokens per parameter, and enough steps where the time limits them
+        n = tokens(s)
+        enough_steps = n >= data_tokens or n >= MAX_STEPS * s["block_size"] * smallest_batch
+        return enough_steps and n >= TOKENS_PER_PARAM * block_params(s["n_layer"], s["n_embd"])
+
+    # The largest model that the budget and the text can both feed: past it, a model sees too
+    # few tokens per parameter, or takes too few steps even with the smallest batch, to beat a
+    # smaller one trained longer. At 1 minute, 4 x 128 with block 128 and batch 16 took 892 to
+    # 1,108 steps: the Rust text 1.969 bits/char where 3 x 96 reached 1.931, Tiny Shakespeare
+    # 2.228 against 2.222 (3 x 96 with block 64 in another hour: 2.236, 2.255).
+    smallest_batch = given.get("batch_size", MIN_BATCH)
     shapes = [shape(*s) for s in SHAPES]
-    fed = [s for s in shapes if tokens(s) >= TOKENS_PER_PARAM * block_params(s["n_layer"], s["n_embd"])]
+    fed = [s for s in shapes if worth_its_size(s)]
     settings = fed[-1] if fed else shapes[0]
     block = settings["block_size"]
     total = tokens(settings)
@@ -152,18 +162,21 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     # passes) 2.18 with batch 64 over 1,600 steps, 48 over 2,100 and 32 over 2,900, 2.19 with 24
     # over 3,600, 2.20 with 16 over 4,500; a 109k text (35-50 passes) 2.03 with 48 over 1,500,
     # 2.09 with 24 over 2,300; a 4.6M text (1 pass) 1.82 with 64 over 1,400, 1.90 with 16.
-    batch = given.get("batch_size", max(16, min(128, 8 * round(total / (block * MAX_STEPS) / 8))))
-    # Dropout keeps a model from memorizing its text, which it can when it has more parameters than
-    # the text has tokens and sees them many times: none up to 8 passes or 1.6 parameters per token,
-    # then 0.1 more each time that doubles, at most 0.2. Measured with dropout on the stream alone
-    # (model.py), best.pt on the whole val split, bits/char: the Cyrillic text in 1 minute, 3 x 96
-    # (3.4 per token, 31-39 passes), 2.05 with 0.1, 2.12 with 0.15, 2.19 with 0.2, 2.28 without;
-    # the license, 3 x 96 (16 per token, 50 passes), 2.48 with 0.2, 2.54 with 0.1. Earlier, with
-    # dropout on the attention weights too: Tiny Shakespeare in 20 minutes, 6 x 192 (2.6 per token,
-    # 13 passes), val rose from step 616 of 1,232 without (2.184 at best), 2.092 with 0.07; in 5
-    # minutes (6 passes), 2.27 with 0.06 and 2.18 without.
-    per_token = block_params(settings["n_layer"], settings["n_embd"]) / train_tokens
-    dropout = 0.0 if epochs <= 8 or per_token <= 1.6 else min(0.2, round(0.1 * math.log2(per_token / 1.6), 2))
+    batch = given.get("batch_size", max(MIN_BATCH, min(128, 8 * round(total / (block * MAX_STEPS) / 8))))
+    # Dropout keeps a model that sees its text many times from memorizing it: none up to 8 passes,
+    # 0.1 more each time they double, but at most 0.2, and 0.06 less than that each time the tokens
+    # per parameter double from the fewest the sizing allows (a model with many is still learning,
+    # and dropout's noise slows it more than it helps). Measured with dropout on the stream alone
+    # (model.py), best.pt on the whole val split: the license in 1 minute, 3 x 96, 50 passes, 3.1
+    # tokens per parameter, 2.48 bits/char with 0.2, 2.54 with 0.1; Tiny Shakespeare in 20 minutes,
+    # 6 x 192, 17-19 passes, 6.4 to 7.2 per parameter, 1.4521 nats with 0.13, 1.4606 with 0.07; the
+    # Cyrillic text in 1 minute, 3 x 96, 32-39 passes, 9.6 per parameter, 2.05 bits/char with 0.1
+    # (three runs), 2.12 with 0.15, 2.19 with 0.2 (median of six), 2.28 without. Below 8 passes it
+    # slowed learning: Tiny Shakespeare in 5 minutes, 6 passes, 2.27 with 0.06, 2.18 without (with
+    # dropout on the attention weights too).
+    per_param = total / block_params(settings["n_layer"], settings["n_embd"])
+    most = 0.2 - 0.06 * math.log2(max(per_param, TOKENS_PER_PARAM) / TOKENS_PER_PARAM)
+    dropout = round(max(0.0, min(0.1 * math.log2(epochs / 8), most)), 2)
     dropout = given.get("dropout", dropout)
     eval_iters = 0 if val_tokens <= EVAL_TOKENS else math.ceil(EVAL_TOKENS / (batch * block))  # 0: whole, exact
     settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=eval_iters)
