@@ -65,7 +65,7 @@ TOKENS_PER_PARAM = 3
 # passes over it; without, the model memorizes it within a few.
 MAX_EPOCHS = 50
 MAX_STEPS = 1500  # past this, larger batches instead of more steps
-MIN_BATCH = 16
+MIN_BATCH = 16  # the smallest batch the rule gives
 # The fast recipe (config/shakespeare_char_cpu_fast.toml): Muon for the block matrices, rotary positions;
 # and the learning rate decayed to 0 (Tiny Shakespeare, 5 minutes, 4 x 128 with batch 80: whole val
 # 1.516 with min_lr 1e-4, 1.502 with 0 and fewer evaluations; with batch 64 and 0 alone, 1.504).
@@ -139,20 +139,18 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
         flops = model_flops_per_token(s["n_layer"], s["n_embd"], s["block_size"], vocab_size)
         return min(data_tokens, flops_per_s * seconds / flops)
 
-    def worth_its_size(s):  # enough tokens per parameter, and enough steps where the time limits them
-        n = tokens(s)
+    # The largest model that the budget and the text can both feed: past it, a model sees too
+    # few tokens per parameter, or (where the time limits it) takes too few steps even with the
+    # smallest batch, to beat a smaller one trained longer. At 1 minute, 4 x 128 with block 128 and
+    # batch 16 took 892 to 1,108 steps: the Rust text 1.969 bits/char where 3 x 96 reached 1.931,
+    # Tiny Shakespeare 2.228 against 2.222 (3 x 96 with block 64 in another hour: 2.236, 2.255).
+    def fed(s):
+        n, smallest_batch = tokens(s), given.get("batch_size", MIN_BATCH)
         enough_steps = n >= data_tokens or n >= MAX_STEPS * s["block_size"] * smallest_batch
         return enough_steps and n >= TOKENS_PER_PARAM * block_params(s["n_layer"], s["n_embd"])
 
-    # The largest model that the budget and the text can both feed: past it, a model sees too
-    # few tokens per parameter, or takes too few steps even with the smallest batch, to beat a
-    # smaller one trained longer. At 1 minute, 4 x 128 with block 128 and batch 16 took 892 to
-    # 1,108 steps: the Rust text 1.969 bits/char where 3 x 96 reached 1.931, Tiny Shakespeare
-    # 2.228 against 2.222 (3 x 96 with block 64 in another hour: 2.236, 2.255).
-    smallest_batch = given.get("batch_size", MIN_BATCH)
     shapes = [shape(*s) for s in SHAPES]
-    fed = [s for s in shapes if worth_its_size(s)]
-    settings = fed[-1] if fed else shapes[0]
+    settings = next((s for s in reversed(shapes) if fed(s)), shapes[0])
     block = settings["block_size"]
     total = tokens(settings)
     epochs = total / train_tokens
@@ -176,8 +174,7 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     # dropout on the attention weights too).
     per_param = total / block_params(settings["n_layer"], settings["n_embd"])
     most = 0.2 - 0.06 * math.log2(max(per_param, TOKENS_PER_PARAM) / TOKENS_PER_PARAM)
-    dropout = round(max(0.0, min(0.1 * math.log2(epochs / 8), most)), 2)
-    dropout = given.get("dropout", dropout)
+    dropout = given.get("dropout", round(max(0.0, min(0.1 * math.log2(epochs / 8), most)), 2))
     eval_iters = 0 if val_tokens <= EVAL_TOKENS else math.ceil(EVAL_TOKENS / (batch * block))  # 0: whole, exact
     settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=eval_iters)
     reason = f"about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)"
