@@ -45,7 +45,7 @@ def test_less_data_gives_a_smaller_or_more_regularized_model():
     assert runs[0]["dropout"] > 0 and runs[-1]["dropout"] == 0  # a small text is seen many times; a large once
 
 
-def test_dropout_follows_how_many_parameters_the_model_has_per_token_of_its_text():
+def test_over_the_same_passes_a_model_with_more_tokens_per_parameter_gets_less_dropout():
     def dropout(train_tokens, n_embd):  # 3 layers, as many passes as a text can give (an hour)
         given = {"n_layer": 3, "n_embd": n_embd}
         return budget.choose_run(train_tokens, 5_000, 65, 50 * GFLOPS, 3600, given)[0]["dropout"]
