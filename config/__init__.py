@@ -196,7 +196,8 @@ def load_config(cls, argv, prog="", description="", sources=None):
     the preset's path, or "command line"; keys left at their defaults are absent."""
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
-    values, lists_from_cli, origin = {}, set(), {}
+    # The presets' values, then the command line's: `--n_layer=3 preset.toml` keeps 3, as the other order does.
+    values, origin, given = {}, {}, {}
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -225,13 +226,9 @@ def load_config(cls, argv, prog="", description="", sources=None):
             else:
                 raise UserError(f"command line: --{name} needs a value, e.g. --{name}=VALUE")
         value = _convert(name, hints[name], value, "command line", from_text=True)
-        if typing.get_origin(base) is list:
-            # Repeating a list option appends; the first one replaces any preset's list.
-            values[name] = (values[name] if name in lists_from_cli else []) + value
-            lists_from_cli.add(name)
-        else:
-            values[name] = value
-        origin[name] = "command line"
+        given[name] = given.get(name, []) + value if typing.get_origin(base) is list else value  # repeated: appends
+    values.update(given)
+    origin.update(dict.fromkeys(given, "command line"))
     cfg = cls(**values)
     check_values(cfg, origin)
     if sources is not None:

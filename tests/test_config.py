@@ -39,6 +39,14 @@ def test_presets_overlay_the_defaults_in_order_then_the_command_line(tmp_path):
     assert load_config(Settings, [first, "--rate=1e-3"]).rate == pytest.approx(1e-3)
 
 
+def test_the_command_line_overrides_a_preset_named_after_it(tmp_path):
+    first = toml(tmp_path / "first.toml", 'layers = 10\nrate = 3.5\ninputs = ["a.txt"]\n')
+    sources = {}
+    cfg = load_config(Settings, ["--layers=30", "--inputs=b.txt", first, "--inputs", "c.txt"], sources=sources)
+    assert (cfg.layers, cfg.rate, cfg.inputs) == (30, 3.5, ["b.txt", "c.txt"])
+    assert sources == {"layers": "command line", "inputs": "command line", "rate": first}
+
+
 def test_sources_say_where_each_set_key_came_from(tmp_path):
     first = toml(tmp_path / "first.toml", "layers = 10\nrate = 3.5\n")
     sources = {}
