@@ -134,8 +134,9 @@ def prepared(name, out):
 # --- The runs -----------------------------------------------------------------------------
 
 
-def neighbour(run, auto_cfg):
-    """The train.py settings of a grid run: the automatic run's, one thing changed."""
+def neighbour(run, auto_cfg, train_tokens):
+    """The train.py settings of a grid run: the automatic run's, one thing changed. Like the
+    automatic run, it takes at most budget.MAX_EPOCHS passes over the text."""
     keys = ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "dropout", "pos", "optimizer", "muon_lr",
             "muon_momentum", "learning_rate", "min_lr", "weight_decay", "bias", "eval_iters")
     settings = {k: auto_cfg[k] for k in keys}
@@ -148,6 +149,7 @@ def neighbour(run, auto_cfg):
     else:  # the same budget: twice the batch is half the steps, half the batch twice the steps
         settings["batch_size"] = max(1, auto_cfg["batch_size"] * 2 if run == "half_steps"
                                      else auto_cfg["batch_size"] // 2)
+    settings["max_iters"] = budget.most_steps(train_tokens, settings["batch_size"] * settings["block_size"])
     return [f"--{k}={v}" for k, v in settings.items()]
 
 
@@ -160,7 +162,7 @@ def train_args(run, data_dir, run_dir, cfg):
     auto = Path(cfg.out) / "runs" / data_dir.name / "auto" / "ckpt.pt"
     if not auto.is_file():
         raise UserError(f"the {run} run is built on the automatic one: run --runs=auto for {data_dir.name} first")
-    settings = neighbour(run, load_checkpoint(auto)["train_config"])
+    settings = neighbour(run, load_checkpoint(auto)["train_config"], load_data(data_dir)[0]["train_tokens"])
     return None if settings is None else [*settings, *common]
 
 
