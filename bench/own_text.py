@@ -153,7 +153,7 @@ def neighbour(run, auto_cfg, train_tokens):
     return [f"--{k}={v}" for k, v in settings.items()]
 
 
-def train_args(run, data_dir, run_dir, cfg):
+def train_args(run, data_dir, run_dir, cfg, train_tokens):
     common = [f"--data_dir={data_dir}", f"--out_dir={run_dir}", f"--max_time={cfg.max_time}", "--overwrite=true"]
     if run == "auto":
         return common
@@ -162,7 +162,7 @@ def train_args(run, data_dir, run_dir, cfg):
     auto = Path(cfg.out) / "runs" / data_dir.name / "auto" / "ckpt.pt"
     if not auto.is_file():
         raise UserError(f"the {run} run is built on the automatic one: run --runs=auto for {data_dir.name} first")
-    settings = neighbour(run, load_checkpoint(auto)["train_config"], load_data(data_dir)[0]["train_tokens"])
+    settings = neighbour(run, load_checkpoint(auto)["train_config"], train_tokens)
     return None if settings is None else [*settings, *common]
 
 
@@ -229,7 +229,7 @@ def main(argv):
         for run in runs:
             run_dir = (out / "runs" / name / run).resolve()
             if not cfg.report_only:
-                args = train_args(run, data_dir, run_dir, cfg)
+                args = train_args(run, data_dir, run_dir, cfg, meta["train_tokens"])
                 if args is None:
                     continue
                 print(f"  {run}: python train.py {' '.join(args)}", flush=True)
