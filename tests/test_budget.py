@@ -161,6 +161,14 @@ def test_a_small_text_caps_the_steps_at_what_it_can_give():
     assert max_steps * tokens_per_step <= budget.MAX_EPOCHS * 20_000 + tokens_per_step
 
 
+def test_time_left_after_the_passes_a_text_can_give_goes_to_more_smaller_steps():
+    plans = [choose(100_000, seconds=s) for s in (1200, 2400, 3600, 36_000)]  # each 5 x 160 over 50 passes
+    assert len({(p["n_layer"], p["n_embd"], p["dropout"]) for p, _ in plans}) == 1
+    batches, steps = [p["batch_size"] for p, _ in plans], [s for _, s in plans]
+    assert batches == sorted(batches, reverse=True) and batches[0] > batches[-1] == budget.MIN_BATCH
+    assert steps == sorted(steps) and steps[0] < steps[-1]
+
+
 def test_a_batch_given_on_the_command_line_counts_in_the_cap_on_steps():
     def measure(cfg):
         return 0.01, 0.1
