@@ -162,7 +162,7 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     # 2.09 with 24 over 2,300; a 4.6M text (1 pass) 1.82 with 64 over 1,400, 1.90 with 16.
     # A run that the text ends before the time does spends the time left on more, smaller steps: the
     # Cyrillic text in 20 minutes, 5 x 160 over 50 passes, 2.010 bits/char with batch 24 (1,591 steps, 277 s),
-    # 1.963 with 12 (3,182 steps, 331 s).
+    # 1.965 with 16 (2,386 steps, 330 s), 1.963 with 12, 1.981 with 8.
     steps = MAX_STEPS * max(1.0, tokens(settings, math.inf) / total)
     batch = given.get("batch_size", max(MIN_BATCH, min(128, 8 * round(total / (block * steps) / 8))))
     # Dropout keeps a model that sees its text many times from memorizing it: none up to 8 passes,
