@@ -163,7 +163,7 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     # A run that the text ends before the time does spends the time left on more, smaller steps: the
     # Cyrillic text in 20 minutes, 5 x 160 over 50 passes, 2.010 bits/char with batch 24 (1,591 steps, 277 s),
     # 1.965 with 16 (2,386 steps, 330 s), 1.963 with 12, 1.981 with 8.
-    steps = MAX_STEPS * max(1.0, tokens(settings, math.inf) / total)
+    steps = MAX_STEPS * tokens(settings, math.inf) / total  # total is at most the time's tokens: 1500 or more
     batch = given.get("batch_size", max(MIN_BATCH, min(128, 8 * round(total / (block * steps) / 8))))
     # Dropout keeps a model that sees its text many times from memorizing it: none up to 8 passes,
     # 0.1 more each time they double, but at most 0.2, and 0.06 less than that each time the tokens
