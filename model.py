@@ -11,10 +11,12 @@ so every rung of the ladder is a model that trains (config/ladder/):
     Block               residual connections and pre-norm LayerNorm around both
     GPT                 embeddings, a stack of blocks, and the output head
 
-Rotary positions, additive scores, windows, padding, the KV cache's plumbing and the
-fused kernel come after that path, under "Beside the main path". Shapes: B batch, T
-time, C channels (n_embd), H heads, hs head size, V vocabulary, S keys (T, or more
-with a KV cache). Ids in, logits out: no files, tokenizers, training or decoding.
+Averaging and one head take the stream and a mask, as in the lecture. Rotary positions, the
+KV cache and additive scores come in at the multi-head rung; where each token is and which
+keys it may see (padding, windows), the fused kernel and the checks of a config come after
+the path, under "Beside the main path". Shapes: B batch, T time, C channels (n_embd), H heads,
+hs head size, V vocabulary, S keys (T, or more with a KV cache). Ids in, logits out: no
+files, tokenizers, training or decoding.
 """
 
 import math
@@ -56,7 +58,7 @@ class GPTConfig:
     real_vocab_size: int | None = None  # the tokenizer's, when vocab_size is padded: logits past it are cut off
 
     def __post_init__(self):
-        check_config(self)  # after the lesson, with the rest of what sits beside it
+        check_config(self)  # beside the main path
 
     @property
     def head_size(self):
@@ -77,9 +79,9 @@ class CausalAverage(nn.Module):
     token to hear of its past. Scores are 0 where a position may look and -inf where it may not; a
     softmax over each row turns them into 1/(t+1). No parameters: every earlier token counts the same."""
 
-    def forward(self, x, ctx):
+    def forward(self, x, mask=None):
         B, T, C = x.shape
-        mask = tril_mask(T, T, x.device) if ctx.mask is None else ctx.mask  # ctx.mask also hides padding
+        mask = tril_mask(T, T, x.device) if mask is None else mask  # a mask given also hides padding
         scores = torch.zeros(T, T, device=x.device, dtype=x.dtype).masked_fill(~mask, float("-inf"))  # (T, T)
         weights = F.softmax(scores, dim=-1)  # row t: 1/(t+1) up to t, then 0
         return (weights @ x.unsqueeze(1)).view(B, T, C)  # (B, T, C): x as the values of one head
@@ -88,16 +90,14 @@ class CausalAverage(nn.Module):
 # --- Rung 3: one head of self-attention -----------------------------------------------------
 
 
-def attention(q, k, v, mask=None, score_vector=None):
+def attention(q, k, v, mask=None, scores=None):
     """Attention written out: (output (..., T, hs), weights (..., T, S)) for queries q (..., T, hs)
     and keys and values k, v (..., S, hs). Dividing q·k by sqrt(hs) keeps the scores at unit
     variance, so the softmax does not saturate into one-hot; a key a query may not see gets
-    -inf, so weight 0. (A score_vector asks for additive scores, beside the main path.)"""
+    -inf, so weight 0. (scores: other scores of q and k, (..., T, S), to use instead.)"""
     T, S = q.size(-2), k.size(-2)
-    if score_vector is None:
+    if scores is None:
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T, S)
-    else:
-        scores = additive_scores(q, k, score_vector)  # (..., T, S)
     mask = tril_mask(T, S, q.device) if mask is None else mask
     weights = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)  # (..., T, S)
     return weights @ v, weights  # (..., T, hs), (..., T, S)
@@ -113,15 +113,13 @@ class Head(nn.Module):
         self.query = nn.Linear(config.n_embd, head_size, bias=False)
         self.key = nn.Linear(config.n_embd, head_size, bias=False)
         self.value = nn.Linear(config.n_embd, head_size, bias=False)
-        self.score_vector = score_vectors(1, head_size) if config.score == "additive" else None
         self.weights = None  # the last attention weights, for a look at them (python -m tinygpt.plot)
 
-    def forward(self, x, ctx):
+    def forward(self, x, mask=None):
         q = self.query(x).unsqueeze(1)  # (B, 1, T, hs): one head, shaped as many will be
         k = self.key(x).unsqueeze(1)  # (B, 1, T, hs)
         v = self.value(x).unsqueeze(1)  # (B, 1, T, hs)
-        q, k, v = ctx.rotate_and_cache(q, k, v)  # rotary positions, and a cache's earlier keys: (B, 1, S, hs)
-        out, self.weights = attention(q, k, v, ctx.mask, self.score_vector)  # (B, 1, T, hs)
+        out, self.weights = attention(q, k, v, mask)  # (B, 1, T, hs), (B, 1, T, T)
         return out.squeeze(1)  # (B, T, hs)
 
 
@@ -132,28 +130,37 @@ class MultiHeadAttention(nn.Module):
     """n_head Heads side by side, each n_embd / n_head wide, their outputs concatenated and
     projected back into the stream. The heads' query, key and value matrices are stacked into
     one Linear, c_attn, so every head costs one matmul together, not a Python loop each
-    (tests/test_model.py checks that it equals the heads computed one by one)."""
+    (tests/test_model.py checks that it equals the heads computed one by one).
+
+    Here the model's options come in: rotary positions (rope) turn each query and key by its
+    position's angles; a KV cache (tinygpt/decoding.py) adds the keys and values of positions
+    seen before; additive scores replace the dot product; PyTorch's fused kernel computes what
+    attention() writes out."""
 
     def __init__(self, config):
         super().__init__()
         self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # every head's q, k and v
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # every head's q, k, v
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         # Dropout on what the heads add to the stream, none on their weights: dropping weights sends
         # a CPU's fused attention back to the written-out math, each step 1.4x as long, for no better val.
         self.resid_dropout = nn.Dropout(config.dropout)
         self.fused = config.fused_attention
         self.score_vector = score_vectors(config.n_head, config.head_size) if config.score == "additive" else None
-        self.keep_weights, self.weights = False, None  # keep_weights: written out, keeping them in self.weights
+        self.keep_weights, self.weights = False, None  # keep_weights: written out, into self.weights
 
-    def forward(self, x, ctx):
+    def forward(self, x, mask=None, rope=None, cache=None):
         B, T, C = x.shape
-        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hs)
-        q, k, v = ctx.rotate_and_cache(*qkv)  # each (B, H, T, hs); k and v (B, H, S, hs)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (B, H, T, hs)
+        if rope is not None:  # each position's angles: q·k then depends on the offset alone
+            q, k = rotate(q, rope), rotate(k, rope)
+        if cache is not None:  # KVCache.extend: after the keys and values of positions seen before
+            k, v = cache.extend(k, v)  # (B, H, S, hs)
         if self.fused and not self.keep_weights and self.score_vector is None:
-            out = fused_attention(q, k, v, ctx.mask)  # (B, H, T, hs)
+            out = fused_attention(q, k, v, mask)  # (B, H, T, hs)
         else:
-            out, weights = attention(q, k, v, ctx.mask, self.score_vector)  # (B, H, T, hs)
+            scores = None if self.score_vector is None else additive_scores(q, k, self.score_vector)
+            out, weights = attention(q, k, v, mask, scores)  # (B, H, T, hs)
             self.weights = weights if self.keep_weights else None
         out = out.transpose(1, 2).reshape(B, T, C)  # (B, T, C): the heads' outputs side by side
         return self.resid_dropout(self.c_proj(out))
@@ -190,22 +197,21 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        C = config.n_embd
-        norm = (lambda: nn.LayerNorm(C, bias=config.bias)) if config.layernorm else nn.Identity
+        norm = (lambda: nn.LayerNorm(config.n_embd, bias=config.bias)) if config.layernorm else nn.Identity
         self.ln_1, self.ln_2 = norm(), norm()
-        mixers = {
-            "none": lambda: None,
-            "average": CausalAverage,
-            "head": lambda: Head(config, head_size=C),  # one head, as wide as the stream
-            "multihead": lambda: MultiHeadAttention(config),
-        }
-        self.mixer = mixers[config.mixer]()
+        if config.mixer == "multihead":
+            self.mixer = MultiHeadAttention(config)
+        elif config.mixer == "head":  # one head, as wide as the stream
+            self.mixer = (AdditiveHead if config.score == "additive" else Head)(config, head_size=config.n_embd)
+        else:
+            self.mixer = CausalAverage() if config.mixer == "average" else None
         self.ffwd = FeedForward(config) if config.feedforward else None
         self.residual = config.residual
 
-    def forward(self, x, ctx):
+    def forward(self, x, mask=None, rope=None, cache=None):
         if self.mixer is not None:
-            h = self.mixer(self.ln_1(x), ctx)  # (B, T, C)
+            beside = (rope, cache) if isinstance(self.mixer, MultiHeadAttention) else ()
+            h = self.mixer(self.ln_1(x), mask, *beside)  # (B, T, C)
             x = x + h if self.residual else h
         if self.ffwd is not None:
             h = self.ffwd(self.ln_2(x))  # (B, T, C)
@@ -223,23 +229,23 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        C = config.n_embd
-        self.wte = nn.Embedding(config.vocab_size, C)  # token -> vector
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token -> vector
         if config.pos == "learned":
-            self.wpe = nn.Embedding(config.block_size, C)  # position -> vector
+            self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position -> vector
         elif config.pos == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_positions(config.block_size, C), persistent=False)
+            self.register_buffer("pos_table", sinusoidal_positions(config.block_size, config.n_embd), persistent=False)
         elif config.pos == "rope":
             self.register_buffer("rope_rates", rope_rates(config.head_size), persistent=False)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(C, bias=config.bias) if config.layernorm else nn.Identity()
-        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
-        if config.tie_weights:  # one matrix reads tokens in and writes them out: similar tokens, similar rows
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias) if config.layernorm else nn.Identity()
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:  # one matrix reads tokens in and writes them out
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2: each block adds to the stream twice; smaller
-            if name.endswith("c_proj.weight") and config.residual:  # projections keep its variance from growing
+        # GPT-2: each block adds to the stream twice; smaller projections keep its variance from growing.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight") and config.residual:
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * max(config.n_layer, 1)))
 
     def _init_weights(self, module):
@@ -257,17 +263,18 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, valid=None, cache=None, last_only=False):
         """idx (B, T) token ids -> logits (B, T, V), and the mean cross-entropy loss given targets (B, T).
-        valid and cache serve decoding (see Context); last_only: the last position's logits (B, 1, V)
+        For decoding: valid (B, T) marks the real tokens of left-padded prompts; cache, a KVCache, holds
+        the keys and values of the positions before idx; last_only: the last position's logits (B, 1, V)
         alone, all that generation needs."""
-        ctx = Context.of(self, idx, valid, cache)  # where each token is, and which keys it may see
+        pos, mask, rope = where_tokens_are(self, idx, valid, cache)  # and the keys each query sees
         x = self.wte(idx)  # (B, T, C)
         if self.config.pos == "learned":
-            x = x + self.wpe(ctx.pos)  # (B, T, C): what the token is, and where
+            x = x + self.wpe(pos)  # (B, T, C): what the token is, and where
         elif self.config.pos == "sinusoidal":
-            x = x + self.pos_table[ctx.pos]
+            x = x + self.pos_table[pos]
         x = self.drop(x)
         for block in self.blocks:
-            x = block(x, ctx)  # (B, T, C)
+            x = block(x, mask, rope, cache)  # (B, T, C)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
         logits = self.lm_head(self.ln_f(x))[..., : self.config.real_vocab_size]  # (B, T, V): padding never sampled
@@ -278,47 +285,35 @@ class GPT(nn.Module):
 
 
 # --- Beside the main path ---------------------------------------------------------------------
-# What the lesson calls by name: Context (positions, rotary angles, windows, padding, the KV cache),
-# PyTorch's fused attention, additive scores, and the checks of a config.
+# What the lesson calls by name: where each token is and which keys it may see (positions, rotary
+# angles, windows, padding, the KV cache's positions), PyTorch's fused attention, additive scores,
+# and the checks of a config.
 
 
-class Context:
-    """What attention reads besides x, made once per forward pass. pos: each token's position, (T,) or
-    (B, T). mask: the keys each query may see, (T, S) or (B, 1, T, S); None: plainly causal. rope: the
-    rotary angles (cos, sin) or None. cache: a tinygpt.decoding.KVCache of earlier positions, or None."""
-
-    def __init__(self, pos=None, mask=None, rope=None, cache=None):
-        self.pos, self.mask, self.rope, self.cache = pos, mask, rope, cache
-
-    @classmethod
-    def of(cls, model, idx, valid=None, cache=None):
-        """The context of idx (B, T), the tokens after those in the cache. valid (B, T) marks the real
-        tokens of left-padded prompts; each row's positions count from its first real token."""
-        config, T = model.config, idx.size(1)
-        past, relative = (0 if cache is None else cache.seen), config.pos == "rope"
-        if (past + T > config.block_size and not relative) or (cache is not None and T > config.block_size):
-            raise ValueError(f"sequence of {past + T} tokens is longer than block_size {config.block_size}")
-        all_valid = valid if cache is None else cache.advance(valid, T)  # (B, S), or None: no padding
-        if all_valid is None or relative:  # rope reads offsets only, which left-padding keeps
-            pos = torch.arange(past, past + T, device=idx.device)  # (T,)
-        else:  # from each row's first real token, and past those a window's cache slid by
-            pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, -T:] + (0 if cache is None else cache.dropped)
-        mask = None if all_valid is None else padding_mask(all_valid, T)  # (B, 1, T, S)
-        S, span = (T if cache is None else len(cache)), config.window or config.block_size
-        if S > span:  # a window, or rope past block_size: each query sees only its span newest keys
-            band = tril_mask(T, S, idx.device).triu(diagonal=S - T - span + 1)  # (T, S)
-            mask = band if mask is None else mask & band
-        rope = rope_tables(pos, model.rope_rates) if relative else None  # the same angles for every head
-        return cls(pos, mask, rope, cache)
-
-    def rotate_and_cache(self, q, k, v):
-        """q and k turned by their positions' angles (rope; cached keys keep theirs), and k and v after
-        the cached positions' own: (B, H, S, hs). Without rope or a cache, q, k, v as they are."""
-        if self.rope is not None:
-            q, k = rotate(q, self.rope), rotate(k, self.rope)
-        if self.cache is not None:
-            k, v = self.cache.extend(k, v)
-        return q, k, v
+def where_tokens_are(model, idx, valid=None, cache=None):
+    """(pos, mask, rope) for idx (B, T), the tokens after those in the cache: pos, each token's position,
+    (T,) or (B, T); mask, the keys each query may see, (T, S) or (B, 1, T, S), or None where that is
+    plainly causal; rope, the rotary angles (cos, sin) or None. valid (B, T) marks the real tokens of
+    left-padded prompts: each row's positions count from its first real token. The cache is a KVCache:
+    advance(valid, T) makes room for T new positions and returns the validity of all S they attend to
+    (None: no padding); len() is S; seen counts the positions ever added, dropped the real tokens that
+    a window has slid past (per row)."""
+    config, T, past = model.config, idx.size(1), 0 if cache is None else cache.seen
+    relative = config.pos == "rope"  # offsets only: past block_size too, and left-padding keeps them
+    if (past + T > config.block_size and not relative) or (cache is not None and T > config.block_size):
+        raise ValueError(f"sequence of {past + T} tokens is longer than block_size {config.block_size}")
+    all_valid = valid if cache is None else cache.advance(valid, T)  # (B, S), or None
+    if all_valid is None or relative:
+        pos = torch.arange(past, past + T, device=idx.device)  # (T,)
+    else:  # from each row's first real token, and past those a window's cache slid by
+        pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, -T:] + (0 if cache is None else cache.dropped)
+    mask = None if all_valid is None else padding_mask(all_valid, T)  # (B, 1, T, S)
+    S, span = (T if cache is None else len(cache)), config.window or config.block_size
+    if S > span:  # each query sees only its span newest keys
+        band = tril_mask(T, S, idx.device).triu(diagonal=S - T - span + 1)  # (T, S)
+        mask = band if mask is None else mask & band
+    rope = rope_tables(pos, model.rope_rates) if relative else None  # every head's angles
+    return pos, mask, rope
 
 
 def padding_mask(valid, T):
@@ -334,7 +329,7 @@ def fused_attention(q, k, v, mask=None):
     """attention()'s output from PyTorch's fused kernel, which keeps no weights. On a CPU under
     bf16 autocast it runs in fp32: its bf16 backward there takes ~5x as long as fp32's."""
     T, S = q.size(-2), k.size(-2)
-    if mask is None and S != T and T > 1:  # is_causal means the square case; one query sees every key
+    if mask is None and S != T and T > 1:  # is_causal is the square case; one query sees all
         mask = tril_mask(T, S, q.device)
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
@@ -355,6 +350,19 @@ def score_vectors(n_head, head_size):  # additive_scores' w, flat: a vector, so 
     return nn.Parameter(torch.randn(n_head * head_size) / math.sqrt(head_size))
 
 
+class AdditiveHead(Head):
+    """One head with additive scores instead of the dot product (the ladder's rung 3b)."""
+
+    def __init__(self, config, head_size):
+        super().__init__(config, head_size)
+        self.score_vector = score_vectors(1, head_size)
+
+    def forward(self, x, mask=None):
+        q, k, v = (f(x).unsqueeze(1) for f in (self.query, self.key, self.value))  # each (B, 1, T, hs)
+        out, self.weights = attention(q, k, v, mask, additive_scores(q, k, self.score_vector))  # (B, 1, T, hs)
+        return out.squeeze(1)  # (B, T, hs)
+
+
 def check_config(config):
     """A ValueError for switches that cannot go together, or sizes that cannot be."""
     for name, allowed in (("mixer", MIXERS), ("pos", POSITIONS), ("gelu", GELUS), ("score", SCORES)):
@@ -365,9 +373,9 @@ def check_config(config):
             raise ValueError(f"{name} must be at least 1, got {getattr(config, name)}")
     if config.mixer == "multihead" and config.n_embd % config.n_head != 0:
         raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head ({config.n_head})")
-    if config.pos == "rope" and (config.mixer not in ("head", "multihead") or config.head_size % 2):
-        raise ValueError(f"pos 'rope' turns pairs of query and key channels: it needs mixer head or multihead "
-                         f"and an even head size, got mixer {config.mixer!r}, head size {config.head_size}")
+    if config.pos == "rope" and (config.mixer != "multihead" or config.head_size % 2):
+        raise ValueError(f"pos 'rope' turns pairs of query and key channels: it needs mixer multihead and an "
+                         f"even head size, got mixer {config.mixer!r}, head size {config.head_size}")
     if config.score == "additive" and (config.pos == "rope" or config.mixer not in ("head", "multihead")):
         raise ValueError(f"score 'additive' needs mixer head or multihead and a pos other than rope (whose angles "
                          f"cancel in q·k, not in q + k); got mixer {config.mixer!r}, pos {config.pos!r}")

@@ -16,20 +16,23 @@ Inputs stream through in chunks, so memory stays bounded whatever their size:
 char reads them twice (first to find the characters), BPE encodes on every core.
 """
 
-import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
+from tinygpt import system  # first: Ctrl-C while the imports load is one line, not a traceback  # isort: skip
+import hashlib
 import itertools
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from config import UserError, cli, load_config, option
-from tinygpt.dataset import DATASET_FILES, META_FORMAT, encode_files, split_off, split_point
+from config import UserError, load_config, option
+from tinygpt.dataset import DATASET_FILES, META_FORMAT
 from tinygpt.files import staging_dir, swap_in, write_atomic, write_error
 from tinygpt.textfiles import (
+    CHUNK_BYTES,
     SHAKESPEARE_URL,
     download_shakespeare,
     input_files,
@@ -38,7 +41,7 @@ from tinygpt.textfiles import (
     read_chunks,
     regular_files,
 )
-from tinygpt.tokenizer import CharTokenizer, TiktokenTokenizer
+from tinygpt.tokenizer import CharTokenizer, TiktokenTokenizer, cut_point
 
 
 @dataclass
@@ -50,7 +53,7 @@ class PrepareConfig:
     url: str = option(SHAKESPEARE_URL, "where to fetch Tiny Shakespeare from when no --input is given")
 
 
-@cli
+@system.cli
 def main(argv):
     cfg = load_config(PrepareConfig, argv, "prepare.py", __doc__.strip().splitlines()[0])
     # A named BPE encoding may need a download: find out before any other work.
@@ -112,6 +115,59 @@ def write_dataset(stage, files, tokenizer, val_fraction, source):
     for copy in shown:
         copy.unlink()
     return tokenizer, (n_chars, n_tokens, n_train)
+
+
+def separator(tokenizer, previous):
+    """What goes between two documents: the end-of-text token, else a blank line."""
+    if getattr(tokenizer, "eot_token", None) is not None:
+        return np.array([tokenizer.eot_token], dtype=np.uint32)
+    return tokenizer.encode_array("\n" if previous.endswith("\n") else "\n\n")
+
+
+def encode_files(files, shown, tokenizer, dtype, out, bar=None):
+    """Writes the ids of the files, one document after another, to the open file out,
+    a chunk at a time. Returns (tokens, characters, sha256 of all the input bytes)."""
+    hasher, threads, n_tokens, n_chars, last = hashlib.sha256(), system.cpu_count(), 0, 0, ""
+
+    def write(ids):
+        nonlocal n_tokens
+        out.write(ids.astype(dtype, copy=False))
+        n_tokens += len(ids)
+
+    for i, path in enumerate(files):
+        if i:
+            write(separator(tokenizer, last))
+        carry = ""
+        for text in read_chunks(path, hasher, bar, shown.get(path)):
+            text = carry + text
+            # Cut at a word boundary, so that no BPE piece straddles two chunks.
+            cut = cut_point(text, len(text))
+            write(tokenizer.encode_array(text[:cut], threads))
+            n_chars, last, carry = n_chars + cut, text[-1], text[cut:]
+        write(tokenizer.encode_array(carry, threads))
+        n_chars += len(carry)
+    return n_tokens, n_chars, hasher.hexdigest()
+
+
+def split_off(out, path, offset):
+    """Moves what the open file out holds past offset into a new file at path, and syncs both."""
+    with open(path, "wb") as tail:
+        out.seek(offset)
+        shutil.copyfileobj(out, tail, CHUNK_BYTES)
+        out.truncate(offset)
+        for f in (out, tail):
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def split_point(n_tokens, val_fraction, source):
+    """How many tokens are for training: all but the last val_fraction of them."""
+    n_train = int(n_tokens * (1 - val_fraction))
+    if n_train < 2 or n_tokens - n_train < 2:
+        raise UserError(
+            f"{source} gives {n_tokens} tokens, too few to split into train and val at val_fraction "
+            f"{val_fraction}; use a longer text")
+    return n_train
 
 
 if __name__ == "__main__":

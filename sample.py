@@ -11,18 +11,17 @@ The checkpoint holds all that is needed: the weights, the model's shape and the
 tokenizer. Samples go to stdout, separated by a line of dashes; warnings go to stderr.
 """
 
-import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
+from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import os
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from config import UserError, cli, load_config, option
+from config import UserError, load_config, option
 from tinygpt import decoding
-from tinygpt.device import autocast, check_device, pick_device, pick_dtype
+from tinygpt.device import autocast, choose_device, pick_dtype
 from tinygpt.prompts import encode_prompts, read_prompts
-from tinygpt.terminal import stdout_lost
 from tinygpt.textstream import TextStream, unescape
 from tinygpt.weights import load_model
 
@@ -58,7 +57,7 @@ class SampleConfig:
 
 def write(text):
     print(text, end="", flush=True)  # flushed, so each token shows as soon as it exists
-    if stdout_lost():  # the reader went away (| head): no one to generate for
+    if system.stdout_lost():  # the reader went away (| head): no one to generate for
         raise BrokenPipeError
 
 
@@ -92,14 +91,14 @@ def print_samples(model, rows, cfg, tokenizer, generator):
         write(end if live else text + end)
 
 
-@cli
+@system.cli
 def main(argv):
     cfg = load_config(SampleConfig, argv, "sample.py", __doc__.strip().splitlines()[0])
     if cfg.start and cfg.prompts:
         raise UserError("--start and --prompts were both given; use one of them")
     if "" in cfg.stop:
         raise UserError("--stop is empty; give the text that ends a sample, e.g. --stop='\\n\\n'")
-    device = check_device(pick_device(cfg.device))
+    device = choose_device(cfg.device)
     device_type = torch.device(device).type
     prompts = read_prompts(cfg.start, cfg.prompts)
     model, tokenizer = load_model(cfg.init_from, cfg.out_dir, cfg.checkpoint, device)

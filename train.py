@@ -1,276 +1,267 @@
 """Trains a GPT on data written by prepare.py.
 
     python train.py --data_dir=data/notes_char               # no preset: sized for the text and 5 minutes
-    python train.py config/shakespeare_char_cpu.toml
-    python train.py config/shakespeare_char.toml --compile=true --max_iters=2000
+    python train.py config/shakespeare_char_cpu.toml --max_iters=500
     python train.py config/finetune_shakespeare_gpt2.toml   # fine-tuning: --init_from (tinygpt/weights.py)
     torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_char.toml
 
-Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt (the
-lowest val loss so far) and OUT_DIR/log.jsonl (one line per logged step). Read it
-from main(): the settings, the run set up, then the loop.
+Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt (the lowest val loss) and
+OUT_DIR/log.jsonl. Read it from main(): the settings, the run set up, the loop, then each step's parts.
 """
 
-from tinygpt import terminal  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
+# First: Ctrl-C while torch loads (seconds) is then one line, not a traceback.
+from tinygpt import system  # isort: skip
 import contextlib
 import dataclasses
 import functools
 import math
-import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from config import UserError, cli, load_config, option
-from model import GELUS, GPT, MIXERS, POSITIONS, SCORES
-from tinygpt import budget
-from tinygpt.checkpoint import read_start, restore_run, run_state, save_checkpoint
-from tinygpt.dataset import estimate_loss, load_data, step_seed, train_batches
-from tinygpt.device import maybe_compile, mfu, pick_dtype, training_autocasts
-from tinygpt.distributed import Processes, end_processes, exit_process, start_processes
-from tinygpt.files import version
-from tinygpt.optim import configure_optimizer
-from tinygpt.outdir import RunLock, append_record, start_log
-from tinygpt.settings import check_resumable, check_settings, resumed_config, run_out_dir
-from tinygpt.weights import finetune_settings, load_into, load_weights
+from config import UserError, load_config, option
+from model import GELUS, GPT, MIXERS, POSITIONS, SCORES, GPTConfig
+from tinygpt import budget, dataset, device, files, optim, weights
 
 # How often the processes under torchrun agree to stop (a signal to one, a non-finite loss on one): an
 # agreement after each step cost 3-7% of a CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py).
 AGREE_EVERY = 10
+OPTIMIZERS, DTYPES = ("adamw", "muon"), ("auto", "float32", "bfloat16", "float16")
 
 
-@dataclass
+@dataclasses.dataclass
 class TrainConfig:
     # data and output
     data_dir: str = option("data/shakespeare_char", "directory written by prepare.py")
-    out_dir: str = option("", "where checkpoints and log.jsonl go (empty: out/NAME for data/NAME)")
-    init_from: str = option("scratch", "scratch (a new model), resume (out_dir/ckpt.pt), a checkpoint file to "
-                            "fine-tune, or GPT-2: gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a Hugging Face directory")
-    overwrite: bool = option(False, "let a new run (scratch or fine-tuning) replace a checkpoint already in out_dir")
-    # model (see GPTConfig in model.py)
-    n_layer: int = option(6, "number of transformer blocks", low=0)
+    out_dir: str = option("", "checkpoints and log.jsonl (empty: out/NAME for data/NAME)")
+    init_from: str = option("scratch", "scratch, resume (out_dir/ckpt.pt), a checkpoint, or gpt2[-xl] or its dir")
+    overwrite: bool = option(False, "replace a checkpoint already in out_dir")
+    # model (GPTConfig in model.py)
+    n_layer: int = option(6, "transformer blocks", low=0)
     n_head: int = option(6, "attention heads per block", low=1)
     n_embd: int = option(384, "width of the residual stream", low=1)
     block_size: int = option(256, "context length in tokens", low=1)
-    dropout: float = option(0.2, "dropout probability (0 to turn off)", low=0, below=1)
+    dropout: float = option(0.2, "dropout probability", low=0, below=1)
     bias: bool = option(False, "biases in Linear and LayerNorm layers")
-    mixer: str = option("multihead", "how positions communicate: none, average, head or multihead", choices=MIXERS)
+    mixer: str = option("multihead", "how positions communicate", choices=MIXERS)
     feedforward: bool = option(True, "a per-position MLP in each block")
-    residual: bool = option(True, "residual connections around each sub-layer")
-    layernorm: bool = option(True, "pre-norm LayerNorm before each sub-layer and at the end")
-    pos: str = option("learned", "position encoding: learned, sinusoidal, rope (rotary) or none", choices=POSITIONS)
-    tie_weights: bool = option(True, "output head shares the token embedding matrix")
-    fused_attention: bool = option(True, "use F.scaled_dot_product_attention (False: the written-out math)")
-    gelu: str = option("exact", "the feed-forward's GELU: exact, or tanh (GPT-2's approximation)", choices=GELUS)
-    score: str = option("dot", "how a query scores a key (head, multihead): dot product, or additive", choices=SCORES)
-    window: int = option(0, "each query sees only its window newest keys, itself included (0: all of them)", low=0)
+    residual: bool = option(True, "residual connections")
+    layernorm: bool = option(True, "pre-norm LayerNorm")
+    pos: str = option("learned", "position encoding (rope: rotary)", choices=POSITIONS)
+    tie_weights: bool = option(True, "the output head is the token embedding")
+    fused_attention: bool = option(True, "PyTorch's attention kernel (false: written out)")
+    gelu: str = option("exact", "GELU (tanh: GPT-2's)", choices=GELUS)
+    score: str = option("dot", "how a query scores a key", choices=SCORES)
+    window: int = option(0, "keys each query sees, newest first (0: all)", low=0)
     # optimization
-    batch_size: int = option(64, "sequences per micro-batch, in each process", low=1)
-    grad_accum: int = option(1, "micro-batches per optimizer step, in each process", low=1)
-    max_iters: int = option(5000, "optimizer steps in the whole run", low=0)
-    learning_rate: float = option(1e-3, "peak learning rate, reached after warmup", above=0)
+    batch_size: int = option(64, "sequences per micro-batch and process", low=1)
+    grad_accum: int = option(1, "micro-batches per step", low=1)
+    max_iters: int = option(5000, "optimizer steps", low=0)
+    learning_rate: float = option(1e-3, "peak learning rate, after warmup", above=0)
     min_lr: float = option(1e-4, "learning rate at the end of the cosine decay", low=0)
-    warmup_iters: int = option(100, "steps of linear warmup from 0", low=0)
-    lr_decay_iters: int = option(0, "step where cosine decay reaches min_lr (0: max_iters)", low=0)
-    weight_decay: float = option(0.1, "AdamW weight decay, on weight matrices only", low=0)
-    beta1: float = option(0.9, "AdamW beta1", low=0, below=1)
-    beta2: float = option(0.99, "AdamW beta2", low=0, below=1)
+    warmup_iters: int = option(100, "steps of linear warmup", low=0)
+    lr_decay_iters: int = option(0, "step where the decay reaches min_lr (0: max_iters)", low=0)
+    weight_decay: float = option(0.1, "AdamW's, on matrices", low=0)
+    beta1: float = option(0.9, "AdamW's beta1", low=0, below=1)
+    beta2: float = option(0.99, "AdamW's beta2", low=0, below=1)
     grad_clip: float = option(1.0, "clip the gradient norm to this (0: no clipping)", low=0)
-    optimizer: str = option("adamw", "adamw, or muon: Muon for the matrices inside the blocks, AdamW for the rest",
-                            choices=("adamw", "muon"))
-    muon_lr: float = option(0.01, "Muon's peak learning rate, on learning_rate's warmup and decay", above=0)
-    muon_momentum: float = option(0.95, "Muon's (Nesterov) momentum", low=0, below=1)
+    optimizer: str = option("adamw", "muon: Muon for the block matrices, AdamW for the rest", choices=OPTIMIZERS)
+    muon_lr: float = option(0.01, "Muon's peak learning rate", above=0)
+    muon_momentum: float = option(0.95, "Muon's Nesterov momentum", low=0, below=1)
     muon_ns_steps: int = option(5, "Newton-Schulz steps per Muon update", low=1)
     muon_weight_decay: float = option(0.0, "Muon's weight decay", low=0)
     # evaluation and logging
-    max_time: str = option("", "a time budget for the whole run, e.g. 90s, 5m, 2h: the steps are fitted to it"
-                                f" (empty: {budget.DEFAULT_BUDGET} if neither a preset nor --max_iters sets the steps)")
-    patience: int = option(5, "stop when val loss has not improved for this many evaluations (0: never)", low=0)
-    eval_interval: int = option(250, "evaluate and checkpoint every this many steps", low=1)
-    eval_iters: int = option(200, "batches per loss estimate (0: the whole val split, deterministically)", low=0)
-    log_interval: int = option(10, "write a log line every this many steps", low=1)
+    max_time: str = option("", f"a time to fit the steps to: 90s, 5m, 2h (empty: {budget.DEFAULT_BUDGET} if unset)")
+    patience: int = option(5, "stop after this many evaluations without a better val loss (0: never)", low=0)
+    eval_interval: int = option(250, "steps between evaluations and checkpoints", low=1)
+    eval_iters: int = option(200, "batches per loss estimate (0: the whole val split)", low=0)
+    log_interval: int = option(10, "steps between log lines", low=1)
     # system
-    device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
-    dtype: str = option("auto", "auto (CUDA: bf16, else fp16; CPU: bf16 where timed faster, else fp32), float32, "
-                        "bfloat16, float16", choices=("auto", "float32", "bfloat16", "float16"))
+    device: str = option("auto", "auto (cuda, mps, cpu), cpu, cuda, cuda:1, mps")
+    dtype: str = option("auto", "auto: bf16 where the device has it, else fp16 on a GPU, fp32", choices=DTYPES)
     compile: bool = option(False, "torch.compile the model")
     seed: int = option(1337, "random seed", low=0, high=2**63 - 1)
 
 
-@cli
+@system.cli
 def main(argv):
-    sources = {}  # where each setting came from: a preset's path or "command line"; absent: free to choose
+    sources = {}  # where each setting came from: a preset, or "command line"
     cfg = load_config(TrainConfig, argv, "train.py", __doc__.strip().splitlines()[0], sources=sources)
     cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
-    procs = start_processes(cfg.device)  # this process, alone or one of torchrun's, on its device
-    lock, status = RunLock(cfg.out_dir), None  # out_dir's lock, taken once every check has passed
+    procs = device.start_processes(cfg.device)  # alone, or one of torchrun's processes
+    lock, status = files.RunLock(cfg.out_dir), None  # one run at a time in out_dir
     try:
-        with terminal.stop_before_start():  # a stop before the loop: one line, not a traceback
+        with system.Stop() as stop:  # Ctrl-C, SIGTERM, SIGHUP
             run = set_up(cfg, sources, procs, lock)
-        status = train(run)
+            status = train(run, stop)
         return status
     except UserError:
-        status = 2  # met by every process at once (Processes.together)
+        status = 2  # met by every process together (Processes.fail_together)
         raise
     finally:
         lock.release()
-        end_processes(finished=status is not None)
+        device.end_processes(finished=status is not None)
 
 
 # --- Setting up ------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclasses.dataclass
 class Run:
-    """Everything the loop reads and changes."""
+    """Everything the loop reads and changes. cfg: as decided (a time budget's re-planning changes the
+    steps); meta: the tokenizer, as in meta.json; raw_model: what a checkpoint saves; scaler: fp16's loss
+    scaling, idle in other dtypes; model: what a step runs, raw_model compiled and under DDP where asked;
+    it: steps taken; bad_evals: evaluations in a row without a new best; evaluated: the step evaluated."""
 
-    cfg: TrainConfig  # the settings as decided; a time budget's re-planning changes the steps
-    procs: Processes  # this process among the others, and its device
-    meta: dict  # the tokenizer, as in meta.json
+    cfg: TrainConfig
+    procs: device.Processes
+    meta: dict
     splits: dict  # the train and val tokens
-    raw_model: GPT  # the weights, plain: what a checkpoint saves
+    raw_model: GPT
     optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler  # fp16's loss scaling; idle in every other dtype
-    model: torch.nn.Module = None  # what a step runs: raw_model, compiled and under DDP where asked
-    eval_model: torch.nn.Module = None  # compiled if model is, never under DDP: only rank 0 evaluates
-    time_budget: budget.Budget | None = None  # fits the steps again as the run goes
-    it: int = 0  # steps taken
+    scaler: torch.amp.GradScaler
+    model: torch.nn.Module = None
+    time_budget: budget.Budget | None = None
+    it: int = 0
     best_val: float = math.inf
-    bad_evals: int = 0  # evaluations in a row without a new best
-    evaluated: int | None = None  # the step whose evaluation is done
-    step_ms: list = field(default_factory=list)
+    bad_evals: int = 0
+    evaluated: int | None = None
+    step_ms: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
-        self.model = self.eval_model = self.raw_model
-        self.autocast, self.eval_autocast = training_autocasts(self.procs.device_type, getattr(torch, self.cfg.dtype))
+        self.model, kind, dtype = self.raw_model, self.procs.device_type, device.DTYPES[self.cfg.dtype]
+        # On a CPU evaluations run in fp32: exact, and what python -m tinygpt.score gives for the same text.
+        self.autocast, self.eval_autocast = (device.autocast(kind, dtype),
+                                             device.autocast(kind, torch.float32 if kind == "cpu" else dtype))
 
 
 def set_up(cfg, sources, procs, lock):
-    """The run at its first step: its settings decided and checked, its model built (from the weights
-    to fine-tune, or restored from ckpt.pt), out_dir locked, and with a time budget its steps fitted."""
-    with procs.together():  # a mistake one process meets ends them all: each block, then all agree
-        data = load_data(cfg.data_dir)
+    """The run at its first step: out_dir locked, the settings decided, the model built, the steps fitted.
+    With a preset the settings are its own; a resumed run keeps those it started with; fine-tuning takes
+    the model's shape from its weights; with no preset the model is sized for the data and the time."""
+    # A mistake that one process meets ends them all: each block, then all agree.
+    with procs.fail_together():
         if procs.master:
-            lock.check_free()  # another run into out_dir is named now, not taken for a finished one
-    with procs.together():
-        seen = version(Path(cfg.out_dir) / "ckpt.pt")
-        weights = load_weights(cfg.init_from, cfg.out_dir) if cfg.init_from not in ("scratch", "resume") else None
-        ckpt = read_start(cfg, procs.device)
-        cfg, time_budget = decide(cfg, sources, ckpt, weights, data, procs)
-    with procs.together():
-        run = build(cfg, data, procs, weights)
-        del weights  # the copy is in the model: GPT-2's weights need not stay twice in memory
-        if procs.master:
-            lock.acquire()  # out_dir is this run's from here on; nothing in it was touched before
-            if version(Path(cfg.out_dir) / "ckpt.pt") != seen:  # another run wrote it while this one started
-                ckpt = read_start(cfg, procs.device)
+            lock.acquire()  # a run that fails to start leaves out_dir as it was
+        data = dataset.load_data(cfg.data_dir)
+    with procs.fail_together():
+        fine_tune = cfg.init_from not in ("scratch", "resume")
+        pretrained = weights.load_weights(cfg.init_from, cfg.out_dir) if fine_tune else None
+        ckpt = files.checkpoint_to_resume(saved(cfg), cfg, procs.device)
         if ckpt is not None:
-            check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
-            restore_run(run, ckpt)
-    if ckpt is not None:
-        procs.say(f"resuming {Path(cfg.out_dir) / 'ckpt.pt'} at iteration {run.it}")
-    del ckpt
+            cfg = weights.resumed_config(ckpt, cfg, sources, procs.device_type)
+        dtype = device.pick_dtype(cfg.dtype, procs.device_type, training=True)
+        cfg = dataclasses.replace(cfg, dtype=str(dtype).removeprefix("torch."))
+        preset = any(where != "command line" for where in sources.values())
+        timed = ckpt is None and (cfg.max_time or not (preset or "max_iters" in sources))
+        time_budget = budget.Budget(cfg, sources) if timed else None
+        if ckpt is None and pretrained is not None:
+            cfg = weights.finetune_settings(pretrained, cfg, data[0], sources)
+        elif ckpt is None and not preset and not all(k in sources for k in budget.SIZED):
+            cfg = budget.size_for_data(cfg, sources, data, procs, time_budget, lambda c: probe(build(c, data, procs)))
+    with procs.fail_together():
+        run = build(cfg, data, procs, pretrained)
+        if ckpt is not None:
+            weights.check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
+            run.it, run.best_val, run.bad_evals, run.evaluated = weights.restore(ckpt, run.raw_model,
+                                                                                 run.optimizer, run.scaler)
+            procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
+    del pretrained, ckpt  # GPT-2's weights need not stay twice in memory
     if cfg.compile:
-        run.model = run.eval_model = maybe_compile(run.raw_model, procs.device_type)
-    run.model = procs.wrap(run.model)  # under DDP when started by torchrun
+        run.model = device.maybe_compile(run.raw_model, procs.device_type)
+    run.model = procs.wrap(run.model)  # DDP under torchrun
     if time_budget is not None:
         step_s, eval_s = time_budget.times or probe(run)
-        elapsed = procs.agree_on((budget.process_age(),))[0]
-        run.cfg, run.time_budget = time_budget.fit(run.cfg, step_s, eval_s, elapsed, procs.say), time_budget
-    with procs.together():  # the first write into out_dir, once every check and the probe have passed
+        run.cfg, said = time_budget.fit(run.cfg, step_s, eval_s, procs.broadcast((budget.process_age(),))[0])
+        run.time_budget = time_budget
+        procs.say(said)
+    with procs.fail_together():  # the first write, once every check has passed
         if procs.master:
-            start_log(cfg.out_dir, run.it)
-    c, sequences = run.cfg, run.cfg.batch_size * run.cfg.grad_accum * procs.world
-    ddp = f", DDP over {procs.backend}" if procs.backend else ""
+            files.start_log(cfg.out_dir, run.it)
+    c, ddp = run.cfg, f", DDP over {torch.distributed.get_backend()}" if torch.distributed.is_initialized() else ""
     procs.say(f"{run.raw_model.num_params():,} parameters; {tokens_per_step(run):,} tokens per step: batch "
-              f"{c.batch_size} x grad_accum {c.grad_accum} x {procs.world} process(es) = {sequences} sequences "
-              f"of {c.block_size}; on {procs.device}, {c.dtype}{ddp}")
+              f"{c.batch_size} x grad_accum {c.grad_accum} x {procs.world} process(es) = "
+              f"{tokens_per_step(run) // c.block_size} sequences of {c.block_size}; on {procs.device}, {c.dtype}{ddp}")
     return run
 
 
-def decide(cfg, sources, ckpt, weights, data, procs):
-    """(cfg as the run will train, its time budget or None). A resumed run keeps the settings it started
-    with; fine-tuning takes the model's shape from its weights; with no preset the model and batch are
-    sized for the data and the budget. The dtype is picked here (auto on a CPU: measured) and kept."""
+def build(cfg, data, procs, pretrained=None):
+    """A new Run of cfg on procs.device, once the data holds more than a block, the switches go together
+    and training fits in memory: the model (seeded, or holding the weights to fine-tune), its optimizer."""
     meta, splits = data
-    if ckpt is not None:
-        cfg = resumed_config(ckpt, cfg, sources, procs.device_type)
-    dtype = pick_dtype(cfg.dtype, procs.device_type, training=True)
-    cfg = dataclasses.replace(cfg, dtype=str(dtype).removeprefix("torch."))
-    time_budget = budget.Budget.of(cfg, sources) if ckpt is None else None
-    if ckpt is None and weights is not None:
-        cfg = finetune_settings(weights, cfg, meta, sources)
-    elif ckpt is None and budget.sized(sources):
-        seconds = time_budget.seconds if time_budget else budget.parse_duration(budget.DEFAULT_BUDGET)
-        left = seconds - procs.agree_on((budget.process_age(),))[0]  # rank 0's clock: all size alike
-        cfg, max_steps, times = budget.size_for_data(cfg, sources, len(splits["train"]), len(splits["val"]),
-                                              meta["vocab_size"], left, procs.world,
-                                              lambda settings: probe(build(settings, data, procs)), procs.say)
-        if time_budget is not None:
-            time_budget.use_sizing(max_steps, times if procs.world == 1 and not cfg.compile else None)
-    return cfg, time_budget
-
-
-def build(cfg, data, procs, weights=None):
-    """A new Run of cfg on procs.device: its model (seeded, or holding the weights to fine-tune), the
-    optimizer and the gradient scaler."""
-    meta, splits = data
+    dataset.check_block_size(splits, cfg.block_size, cfg.data_dir)
+    mconf = model_config(cfg, meta["vocab_size"])
+    device.check_model_fits(mconf, cfg.batch_size, cfg.block_size, procs.device, device.DTYPES[cfg.dtype])
     torch.manual_seed(cfg.seed)
-    model = GPT(check_settings(cfg, procs.device, data))  # refused here, before anything is built or probed
-    if weights is not None:
-        procs.say(load_into(model, weights, meta))
+    model = GPT(mconf)
+    if pretrained is not None:
+        procs.say(weights.load_into(model, pretrained, meta))
     model = model.to(procs.device)
-    optimizer = configure_optimizer(model, cfg, procs.device_type)
-    scaler = torch.amp.GradScaler(procs.device_type, enabled=cfg.dtype == "float16")
-    return Run(cfg, procs, meta, splits, model, optimizer, scaler)
+    return Run(cfg, procs, meta, splits, model, make_optimizer(model, cfg, procs.device_type),
+               torch.amp.GradScaler(procs.device_type, enabled=cfg.dtype == "float16"))
 
 
-def probe(run):
-    """(seconds per training step, seconds per evaluation with its checkpoints) of run, timed on a few
-    real steps (budget.time_steps), rank 0's on every process."""
-    step = functools.partial(train_step, accum=run.cfg.grad_accum, autocast=run.autocast, cfg=run.cfg)
-    return run.procs.agree_on(budget.time_steps(run, step))
+def model_config(cfg, vocab_size):
+    """The model for cfg; its embedding is padded past the tokenizer's vocab_size for speed."""
+    names = {f.name for f in dataclasses.fields(GPTConfig)} - {"vocab_size", "real_vocab_size"}
+    try:
+        return GPTConfig(vocab_size=device.padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
+                         **{n: getattr(cfg, n) for n in names})
+    except ValueError as e:
+        raise UserError(f"model config: {e}") from None
+
+
+def run_out_dir(cfg, sources):
+    """out_dir as set by the command line, or by the preset that names the data; else out/NAME for data/NAME."""
+    where = sources.get("out_dir")
+    if cfg.out_dir and (where == "command line" or (where is not None and where == sources.get("data_dir"))):
+        return cfg.out_dir
+    return str(Path("out") / Path(cfg.data_dir).name)
+
+
+def saved(cfg, name="ckpt.pt"):  # ckpt.pt: the latest state; best.pt: the lowest val loss
+    return Path(cfg.out_dir) / name
 
 
 def tokens_per_step(run):
-    return run.cfg.batch_size * run.cfg.grad_accum * run.procs.world * run.cfg.block_size  # both per process
+    return run.cfg.batch_size * run.cfg.grad_accum * run.procs.world * run.cfg.block_size
 
 
 # --- The loop ------------------------------------------------------------------------------------
 
 
-def train(run):
-    """The loop, in its natural order: the learning rate; an evaluation and checkpoint when due; forward
-    and backward over the micro-batches; clip; step; log. Returns the exit code."""
+def train(run, stop):
+    """The loop: the learning rate; an evaluation and checkpoint when due; forward and backward over the
+    micro-batches; clip; step; log. Returns the exit code."""
     batches = train_batches(run.splits["train"], run.cfg, run.procs.rank, run.it, run.procs.device)
     x, y = next(batches)
-    times = budget.LoopTimes(run.it)  # the loop's own step and evaluation times, for the budget
-    stop_early = bool(run.cfg.patience and run.bad_evals >= run.cfg.patience)  # a resumed run that had stopped
+    # The loop's own step and evaluation times, for the budget to fit the steps again as the run goes.
+    times = budget.LoopTimes(run.it) if run.time_budget else contextlib.nullcontext()
+    stop_early = run.cfg.patience and run.bad_evals >= run.cfg.patience  # a resumed run's
     bar = tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None, dynamic_ncols=True)
-    signum, bad = 0, None  # a signal to any process, the first non-finite loss: each ends the run
-    with terminal.StopRequested() as stop, bar:
+    signum, bad, stop.looping = 0, None, True  # a signal, or a bad loss, on any process ends the run
+    with bar:
         while True:
             eval_due = evaluation_due(run)
-            if run.time_budget is not None and (eval_due or run.it % AGREE_EVERY == 0):  # fitted again
-                run.cfg = run.time_budget.replan(run.cfg, run.it, times, run.procs.agree_on, bar.write)
-                bar.total = run.cfg.max_iters
+            if run.time_budget is not None and (eval_due or run.it % AGREE_EVERY == 0):
+                replan(run, times, bar)
             lr = get_lr(run.it, run.cfg)
             for group in run.optimizer.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at muon_lr's scale
+                group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's: muon_lr's
             if eval_due:
-                with times.evaluation(), run.procs.together():  # a full disk there ends every process
+                with times, run.procs.fail_together():  # a full disk ends every process
                     if run.procs.master:
                         evaluate(run, lr, bar.write)
-                stop_early = run.procs.agree(run.cfg.patience and run.bad_evals >= run.cfg.patience)
+                stop_early = run.procs.broadcast((run.cfg.patience and run.bad_evals >= run.cfg.patience,))[0]
             if run.it >= run.cfg.max_iters or stop_early:
                 break
             t0 = time.perf_counter()
-            if run.cfg.dropout > 0:  # this step's dropout masks, the step's only use of torch's generator
-                torch.manual_seed(step_seed(run.cfg.seed, run.procs.rank, run.it))  # (~140 us: only if drawn)
-            loss, x, y = train_step(run.model, run.optimizer, run.scaler, functools.partial(next, batches), x, y,
+            if run.cfg.dropout > 0:  # this step's dropout masks, its one use of torch's generator
+                torch.manual_seed(step_seed(run.cfg.seed, run.procs.rank, run.it))
+            loss, x, y = train_step(run.model, run.optimizer, run.scaler, lambda: next(batches), x, y,
                                     run.cfg.grad_accum, run.autocast, run.cfg)
             run.step_ms.append((time.perf_counter() - t0) * 1000)
             run.it += 1
@@ -279,7 +270,7 @@ def train(run):
             # Every process decides together whether to stop: after each step when alone, else every
             # AGREE_EVERY steps and before each evaluation, so nothing is saved after a non-finite loss.
             if run.procs.world == 1 or run.it % AGREE_EVERY == 0 or evaluation_due(run):
-                signum, failed = run.procs.most((stop.signum or 0, bad is not None))
+                signum, failed = run.procs.all_max((stop.signum or 0, bad is not None))
                 if failed:
                     bad = bad or f"not finite on another process by iteration {run.it}"
                     raise UserError(f"loss is {bad}; the last good checkpoint is kept in {run.cfg.out_dir}. Try a "
@@ -293,9 +284,17 @@ def evaluation_due(run):  # every eval_interval steps, and at the end: once each
     return (run.it % run.cfg.eval_interval == 0 or run.it == run.cfg.max_iters) and run.it != run.evaluated
 
 
+def replan(run, times, bar):
+    measured = times.means(run.it)  # the steps fitted again from the loop's own times, rank 0's on every process
+    if measured:
+        run.cfg, said = run.time_budget.replan(run.cfg, run.it, *run.procs.broadcast(measured))
+        bar.total = run.cfg.max_iters
+        if said and run.procs.master:
+            bar.write(said)
+
+
 def get_lr(it, cfg):
-    """Linear warmup, then cosine decay to min_lr, then min_lr."""
-    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters  # linear warmup, cosine decay, then min_lr
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
     if it >= decay_iters:
@@ -305,32 +304,34 @@ def get_lr(it, cfg):
 
 
 def evaluate(run, lr, write):
-    """Estimates the losses and logs them; saves ckpt.pt, and best.pt when val improved. Every evaluation
-    draws the same batches: a change in val loss is the model's, not the draw's, and best.pt is the best."""
-    losses = estimate_loss(run.eval_model, run.splits, run.cfg, run.procs.device, run.eval_autocast, run.cfg.seed)
-    record = {"iter": run.it, "train_loss": losses["train"], "val_loss": losses["val"],
-              "val_bpc": losses["val"] / math.log(2), "lr": lr}
-    append_record(run.cfg.out_dir, record)
+    """Estimates the losses (the same batches each time: a change is the model's) and logs them; saves
+    ckpt.pt, and best.pt when val improved."""
+    model = getattr(run.model, "module", run.model)  # never under DDP
+    losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, run.eval_autocast, run.cfg.seed)
+    record = {"iter": run.it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
+              "val_bpc": losses["val"] / math.log(2)}
+    if run.procs.device_type == "cuda":  # the most memory its tensors held
+        record["peak_memory"] = torch.cuda.max_memory_allocated()
+    files.append_record(run.cfg.out_dir, record)
     improved = losses["val"] < run.best_val
     run.best_val, run.bad_evals = min(run.best_val, losses["val"]), 0 if improved else run.bad_evals + 1
     state = run_state(run, losses["val"])
-    save_checkpoint(state, Path(run.cfg.out_dir) / "ckpt.pt")
+    save_checkpoint(state, saved(run.cfg))
     if improved:
-        save_checkpoint(state, Path(run.cfg.out_dir) / "best.pt")
+        save_checkpoint(state, saved(run.cfg, "best.pt"))
     run.evaluated = run.it
     write(f"step {run.it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
           f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
 
 
 def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg):
-    """One optimizer step over accum micro-batches; returns the loss and the next batch."""
-    for micro in range(accum):
+    for micro in range(accum):  # one step over accum micro-batches; returns the loss and the next batch
         # Under DDP, gradients are averaged across processes only on the last micro-step.
         last = micro == accum - 1 or not hasattr(model, "no_sync")
         with (contextlib.nullcontext() if last else model.no_sync()), autocast:
             _, loss = model(x, y)
             loss = loss / accum
-        x, y = next_batch()  # drawn while the device still works on this one
+        x, y = next_batch()  # drawn while the device works
         scaler.scale(loss).backward()
     if cfg.grad_clip > 0:
         scaler.unscale_(optimizer)
@@ -338,43 +339,140 @@ def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return loss.item() * accum, x, y  # .item() waits for the device, so step timings are honest
+    return loss.item() * accum, x, y  # .item() waits for the device: honest step times
 
 
 def log_step(run, loss, lr, bar):
-    """The bar moves, and every log_interval steps a line goes to log.jsonl."""
-    if not run.procs.master or not math.isfinite(loss):
+    if not run.procs.master or not math.isfinite(loss):  # the bar moves; a log line every log_interval
         return
     tok_s = tokens_per_step(run) / (run.step_ms[-1] / 1000)
     bar.update(1)
     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
     if run.it % run.cfg.log_interval == 0:
-        c = run.cfg
-        utilization = mfu(budget.train_flops_per_token(run.raw_model.num_params(), c.n_layer, c.n_embd, c.block_size),
-                          tok_s, run.procs.device_type, run.procs.world)
-        append_record(c.out_dir, {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": run.step_ms[-1],
-                                  "tokens_per_s": tok_s} | ({"mfu": utilization} if utilization else {}))
+        record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": run.step_ms[-1], "tokens_per_s": tok_s}
+        peak = device.peak_flops(run.procs.device_type)  # for MFU, on a GPU we know
+        if peak:
+            c = run.cfg
+            flops = device.train_flops_per_token(run.raw_model.num_params(), c.n_layer, c.n_embd, c.block_size)
+            record["mfu"] = flops * tok_s / (run.procs.world * peak)
+        files.append_record(run.cfg.out_dir, record)
 
 
 def finish(run, signum=0):
-    """The run's last words and its exit code: stopped by a signal (ckpt.pt saved at this step, to
-    continue from), stopped early (no better val loss for --patience evaluations), or done."""
-    c, ckpt = run.cfg, Path(run.cfg.out_dir) / "ckpt.pt"
+    """The run's last words and its exit code: stopped by a signal (ckpt.pt saved, to continue from),
+    stopped early (no better val loss for --patience evaluations), or done."""
     if signum:
-        with run.procs.together():
+        with run.procs.fail_together():
             if run.procs.master:
-                save_checkpoint(run_state(run, None), ckpt)
-        run.procs.say(f"stopped by {signal.Signals(signum).name} at iteration {run.it}; saved {ckpt} "
+                save_checkpoint(run_state(run, None), saved(run.cfg))
+        run.procs.say(f"stopped by {system.signal_name(signum)} at iteration {run.it}; saved {saved(run.cfg)} "
                       "(continue with --init_from=resume)")
         return 128 + signum
-    if run.it < c.max_iters:
+    if run.it < run.cfg.max_iters:
         run.procs.say(f"stopped early at iteration {run.it}: val loss has not improved for {run.bad_evals} "
-                      f"evaluations (--patience={c.patience}); the best model is in {Path(c.out_dir) / 'best.pt'}")
+                      f"evaluations (--patience={run.cfg.patience}); the best model is in {saved(run.cfg, 'best.pt')}")
     median = sorted(run.step_ms)[len(run.step_ms) // 2] if run.step_ms else 0.0
     run.procs.say(f"done: {run.it} iterations, best val loss {run.best_val:.4f}, median {median:.1f} ms/iter; "
-                  f"checkpoints in {c.out_dir}")
+                  f"checkpoints in {run.cfg.out_dir}")
     return 0
 
 
+# --- A step's parts: batches, the loss estimate, the optimizer, the checkpoint -------------------------
+
+
+def get_batch(data, batch_size, block_size, rng, device_name):
+    starts = rng.integers(0, len(data) - block_size, size=batch_size)  # windows; targets: the next tokens
+    x = torch.from_numpy(np.stack([data[s : s + block_size] for s in starts]).astype(np.int64))
+    y = torch.from_numpy(np.stack([data[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64))
+    if device_name.startswith("cuda"):  # pinned: copied while the GPU works
+        return x.pin_memory().to(device_name, non_blocking=True), y.pin_memory().to(device_name, non_blocking=True)
+    return x.to(device_name), y.to(device_name)
+
+
+def train_batches(data, cfg, rank, it, device_name):
+    """One process's batches, grad_accum a step, from step it on, each step's from its own seed: a resumed
+    run, on any number of processes, draws what an uninterrupted one would."""
+    while True:
+        rng = np.random.default_rng(step_seed(cfg.seed, rank, it))
+        for _ in range(cfg.grad_accum):
+            yield get_batch(data, cfg.batch_size, cfg.block_size, rng, device_name)
+        it += 1
+
+
+def step_seed(seed, rank, it):  # of step it on process rank: its batches and dropout masks
+    return int(np.random.SeedSequence((seed, rank, it)).generate_state(1)[0])
+
+
+@torch.no_grad()
+def estimate_loss(model, splits, cfg, device_name, autocast, seed):
+    """Mean loss per split: over eval_iters random batches, the same each time; or with eval_iters 0 over
+    every token of val (as python -m tinygpt.score scores a file), and as many of train."""
+    model.eval()
+    out = {}
+    for name, data in splits.items():
+        if cfg.eval_iters == 0:
+            out[name] = dataset.mean_loss(model, data[: len(splits["val"])], cfg.block_size, 4 * cfg.batch_size,
+                                          device_name, autocast)
+            continue
+        rng, losses = np.random.default_rng(seed), []
+        for _ in range(cfg.eval_iters):
+            x, y = get_batch(data, cfg.batch_size, cfg.block_size, rng, device_name)
+            with autocast:
+                losses.append(model(x, y)[1].item())
+        out[name] = sum(losses) / cfg.eval_iters
+    model.train()
+    return out
+
+
+def make_optimizer(model, cfg, device_type):
+    """AdamW, or (muon) Muon for the matrices inside the blocks and AdamW for the rest. AdamW decays every
+    matrix (the embedding is the output head too) and no bias or gain, which set scales and offsets."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    to_muon = [cfg.optimizer == "muon" and n.startswith("blocks.") and p.dim() == 2 for n, p in named]
+    rest = [p for (_, p), muon in zip(named, to_muon) if not muon]
+    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    # The fused kernel updates every tensor in one pass: on a CPU a third of the time of the per-tensor loop.
+    adamw = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                              fused=device_type in ("cuda", "cpu"))
+    matrices = [p for (_, p), muon in zip(named, to_muon) if muon]
+    return optim.Optimizers(adamw, optim.muon(matrices, cfg)) if matrices else adamw
+
+
+def save_checkpoint(state, path):
+    """Written whole or not at all (files.write_atomic): a crash leaves the previous checkpoint or the new one."""
+    then = ("the previous checkpoint is kept: free some space and continue with --init_from=resume"
+            if path.exists() else "nothing was saved: free some space and run again")
+    try:
+        files.write_atomic(path, lambda f: torch.save(state, f))
+    except OSError as e:
+        raise UserError(f"{files.write_error(path, e)}; {then}") from None
+
+
+def run_state(run, val_loss):
+    """What ckpt.pt holds after step run.it, in tensors and plain data: enough to resume exactly, or sample.
+    val_loss: that step's evaluation, or None (saved on a signal)."""
+    return {"format": files.CHECKPOINT_FORMAT, "model": run.raw_model.state_dict(),
+            "model_config": dataclasses.asdict(run.raw_model.config), "train_config": dataclasses.asdict(run.cfg),
+            "meta": run.meta, "iter": run.it, "best_val_loss": run.best_val, "val_loss": val_loss,
+            "bad_evals": run.bad_evals, "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict(),
+            "device_type": run.procs.device_type}
+
+
+def probe(run):
+    """(seconds per step, per evaluation with its checkpoints) of run, timed on a few of its real steps and
+    then put back as it was (budget.time_steps); rank 0's on every process."""
+    cfg = run.cfg
+    draw = functools.partial(get_batch, run.splits["train"], cfg.batch_size, cfg.block_size,
+                             np.random.default_rng(cfg.seed), run.procs.device)
+    batch = draw()
+    step = functools.partial(train_step, run.model, run.optimizer, run.scaler, draw, *batch, cfg.grad_accum,
+                             run.autocast, cfg)
+    step_s, forward_s, save_s = budget.time_steps(step, run.raw_model, batch, run.eval_autocast, run.optimizer,
+                                                  run.scaler, calls=5 if run.procs.world > 1 else None)
+    eval_batches = 2 * (cfg.eval_iters or len(run.splits["val"]) / (cfg.batch_size * cfg.block_size))  # val, train
+    return run.procs.broadcast((step_s, eval_batches * forward_s + save_s))
+
+
 if __name__ == "__main__":
-    exit_process(main())
+    device.exit_process(main())

@@ -21,7 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
-from config import cli, load_config, option  # noqa: E402
+from config import load_config, option  # noqa: E402
+from tinygpt import system  # noqa: E402
 
 
 @dataclass
@@ -38,24 +39,20 @@ def worker(preset, rounds):
     import torch
 
     import train
-    from tinygpt.dataset import get_batch
-    from tinygpt.device import pick_dtype, training_autocasts
-    from tinygpt.distributed import start_processes
-    from tinygpt.optim import configure_optimizer
-    from tinygpt.settings import model_config
+    from tinygpt.device import autocast, pick_dtype, start_processes
 
     cfg = load_config(train.TrainConfig, [preset, "--device=cpu"])
     procs = start_processes("cpu")
     torch.manual_seed(0)
-    model = train.GPT(model_config(cfg, 65))
-    optimizer = configure_optimizer(model, cfg, "cpu")
+    model = train.GPT(train.model_config(cfg, 65))
+    optimizer = train.make_optimizer(model, cfg, "cpu")
     ddp = procs.wrap(model)
     data = np.random.default_rng(procs.rank).integers(0, 65, 200_000).astype(np.uint16)
     rng = np.random.default_rng(1)
-    batch = functools.partial(get_batch, data, cfg.batch_size, cfg.block_size, rng, "cpu")
-    autocast = training_autocasts("cpu", pick_dtype(cfg.dtype, "cpu", training=True))[0]
+    batch = functools.partial(train.get_batch, data, cfg.batch_size, cfg.block_size, rng, "cpu")
+    mixed = autocast("cpu", pick_dtype(cfg.dtype, "cpu", training=True))
     step = functools.partial(train.train_step, ddp, optimizer, torch.amp.GradScaler("cpu", enabled=False), batch,
-                             *batch(), cfg.grad_accum, autocast, cfg)
+                             *batch(), cfg.grad_accum, mixed, cfg)
     every = {1: [], 10: [], 0: []}  # per-step time of blocks of 10 steps: agreeing after each, after the 10th, never
     for b in range(3 * (rounds // 10) + 6):
         cadence = (1, 10, 0)[b % 3]
@@ -77,7 +74,7 @@ def worker(preset, rounds):
     torch.distributed.destroy_process_group()
 
 
-@cli
+@system.cli
 def main(argv):
     cfg = load_config(BenchConfig, argv, "bench/agreement.py", __doc__.strip().splitlines()[0])
     with socket.socket() as s:

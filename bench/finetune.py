@@ -36,9 +36,13 @@ from recipes import summarize  # noqa: E402
 from recipes import train as run_train  # noqa: E402
 
 import prepare  # noqa: E402
-from config import UserError, cli, load_config, option  # noqa: E402
-from tinygpt import dataset, textfiles  # noqa: E402
-from tinygpt.checkpoint import load_checkpoint  # noqa: E402
+from config import UserError, load_config, option  # noqa: E402
+from tinygpt import (  # noqa: E402
+    dataset,
+    system,  # noqa: E402
+    textfiles,
+)
+from tinygpt.files import load_checkpoint  # noqa: E402
 from tinygpt.tokenizer import tokenizer_from_meta  # noqa: E402
 
 LICENSES = "/usr/share/common-licenses"
@@ -85,7 +89,7 @@ def fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-@cli
+@system.cli
 def main(argv):
     cfg = load_config(BenchConfig, argv, "bench/finetune.py", __doc__.strip().splitlines()[0])
     out = (ROOT / cfg.out_dir).resolve()

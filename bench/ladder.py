@@ -1,8 +1,8 @@
 """Trains every rung of the ladder (config/ladder/*.toml) on one budget, and tabulates them.
 
-    python -m tinygpt.ladder                 # the CPU budget (the presets as written): rungs 1-8 in 30 minutes, 2 cores
-    python -m tinygpt.ladder --budget=gpu    # the 5000-step reference settings (block 256, 384 wide)
-    python -m tinygpt.ladder --rungs=3,4 --max_iters=500 --lr_decay_iters=500 --out=out/try   # train.py's options
+    python bench/ladder.py                 # the CPU budget (the presets as written): rungs 1-8 in 30 minutes, 2 cores
+    python bench/ladder.py --budget=gpu    # the 5000-step reference settings (block 256, 384 wide)
+    python bench/ladder.py --rungs=3,4 --max_iters=500 --lr_decay_iters=500 --out=out/try   # train.py's options
 
 Each rung trains with train.py into OUT/RUNG, in a process of its own so that its
 peak memory is its own. Then the table (rung, parameters, final train and val loss,
@@ -11,7 +11,6 @@ OUT/ladder.json. Run the same command again and a finished rung is skipped, one
 stopped part way (Ctrl-C) resumes; --force trains them again.
 """
 
-import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import contextlib
 import dataclasses
 import json
@@ -22,22 +21,26 @@ import statistics
 import subprocess
 import sys
 import time
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-import train
-from config import BOOL_WORDS, UserError, cli, help_text, load_config, option
-from model import GPT, GPTConfig
-from tinygpt.checkpoint import load_checkpoint
-from tinygpt.device import check_device, machine, pick_device, pick_dtype
-from tinygpt.files import write_atomic, write_error
-from tinygpt.settings import check_settings
-from tinygpt.system import peak_rss
-
 ROOT = Path(__file__).resolve().parents[1]  # the repository
+sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
+
+from tinygpt import system# noqa: E402  first: Ctrl-C while torch loads is one line  # isort: skip
+import torch  # noqa: E402
+
+import train  # noqa: E402
+from config import UserError, help_text, load_config, option  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from tinygpt.dataset import check_block_size, load_data  # noqa: E402
+from tinygpt.device import check_model_fits, choose_device, machine, pick_dtype  # noqa: E402
+from tinygpt.files import (  # noqa: E402
+    load_checkpoint,  # noqa: E402
+    write_atomic,
+    write_error,
+)
+
 PRESETS = ROOT / "config" / "ladder"
 
 # Each budget's settings on top of the presets. The CPU budget is the presets as
@@ -56,8 +59,7 @@ FULL_GPT_RUNG, GPU_DROPOUT = 8, 0.2
 GPU_ADDITIVE_ACCUM = 4
 LADDER_OWNS = ("out_dir", "init_from", "overwrite")  # train.py options the ladder sets itself
 COLUMNS = ("rung", "parameters", "train loss", "val loss", "tokens/s", "peak memory", "wall time")
-PEAK_FILE = "peak_memory.json"  # written into each rung's directory by the process that trained it
-USAGE = "usage: python -m tinygpt.ladder [--budget=cpu|gpu] [--rungs=RUNG,...] [--out=DIR] [--force] [TRAIN.PY OPTIONS]"
+USAGE = "usage: python bench/ladder.py [--budget=cpu|gpu] [--rungs=RUNG,...] [--out=DIR] [--force] [TRAIN.PY OPTIONS]"
 DESCRIPTION = "Trains every rung in config/ladder/ on one budget and tabulates them."
 
 
@@ -70,37 +72,7 @@ class LadderConfig:
     force: bool = option(False, "train finished or differently configured rungs again, from scratch")
 
 
-# --- The command line: the ladder's options, and train.py's passed through -----------------
-
-
-def split_args(argv):
-    """(the ladder's arguments, train.py's): each --key goes to the script that knows it."""
-    own_fields = typing.get_type_hints(LadderConfig)
-    train_fields = typing.get_type_hints(train.TrainConfig)
-    own, overrides = [], []
-    args = list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg in ("-h", "--help"):
-            own.append(arg)
-            continue
-        if not arg.startswith("--"):
-            raise UserError(f"command line: unexpected {arg!r}; the ladder trains config/ladder/*.toml and "
-                            "takes only --key=value options (python -m tinygpt.ladder --help)")
-        name, has_value, _ = arg[2:].partition("=")
-        name = name.replace("-", "_")
-        if name in LADDER_OWNS:
-            raise UserError(f"command line: the ladder sets --{name} itself; use --out for the directory "
-                            "and --force to train again")
-        if name not in own_fields and name not in train_fields:
-            raise UserError(f"command line: unknown key {name!r}: neither a ladder option "
-                            f"({', '.join(own_fields)}) nor a train.py one (python train.py --help)")
-        dest = own if name in own_fields else overrides
-        dest.append(arg)
-        is_bool = {**train_fields, **own_fields}[name] is bool
-        if not has_value and args and (not is_bool or args[0].lower() in BOOL_WORDS):  # --key value
-            dest.append(args.pop(0))
-    return own, overrides
+# --- Choosing the rungs ------------------------------------------------------------------
 
 
 def rung_label(number):
@@ -151,7 +123,7 @@ def run_state(out_dir, cfg):
         return "new", {}
     ckpt = load_checkpoint(out_dir / "ckpt.pt")
     now, then = dataclasses.asdict(cfg), ckpt["train_config"]
-    device_type = torch.device(pick_device(cfg.device)).type
+    device_type = torch.device(choose_device(cfg.device)).type
     now["dtype"] = str(pick_dtype(cfg.dtype, device_type, training=True)).removeprefix("torch.")  # as train.py keeps it
     defaults = dataclasses.asdict(train.TrainConfig())  # for options newer than the run: it had their default
     diff = {k: (then.get(k, defaults[k]), v) for k, v in now.items()
@@ -162,75 +134,56 @@ def run_state(out_dir, cfg):
     return ("finished" if done else "stopped"), {}
 
 
-def read_wall(out_dir):
-    """Seconds spent training the run in out_dir, over every resume (None: not trained by the ladder)."""
+def check_rung(cfg):
+    """Every check train.py makes of cfg before it builds a model: the data holds more than a block, the
+    model's switches go together, and its training fits in the device's memory."""
+    name = choose_device(cfg.device)
+    meta, splits = load_data(cfg.data_dir)
+    check_block_size(splits, cfg.block_size, cfg.data_dir)
+    mconf = train.model_config(cfg, meta["vocab_size"])
+    dtype = pick_dtype(cfg.dtype, torch.device(name).type, training=True)
+    check_model_fits(mconf, cfg.batch_size, cfg.block_size, name, dtype)
+
+
+def read_record(out_dir):
+    """What the ladder keeps of the run in out_dir: the seconds spent training it over every resume, and the
+    largest peak resident memory of its processes ({} if the ladder did not train it)."""
     try:
-        return json.loads((out_dir / "wall_time.json").read_text(encoding="utf-8"))["wall_s"]
-    except (OSError, ValueError, KeyError):
-        return None
+        return json.loads((out_dir / "wall_time.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def read_wall(out_dir):
+    return read_record(out_dir).get("wall_s")
 
 
 def train_rung(args, out_dir, resuming):
-    """Runs train.py in a child process and keeps its wall time; returns its exit code.
-
-    A process of its own, because a process's peak memory never comes back down: in
-    this one, each rung would show the largest peak of the rungs before it.
-    """
+    """Runs train.py in a child process and keeps its wall time; returns its exit code. A process of
+    its own, because a process's peak memory never comes back down: in this one, each rung would show
+    the largest peak of the rungs before it. train.py logs its peak with each evaluation."""
     before = (read_wall(out_dir) or 0.0) if resuming else 0.0
     t0 = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(ROOT), *args])
+    child = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args])
     # Ctrl-C reaches the child by itself (the terminal signals its whole process group); a SIGTERM
     # sent to the ladder alone is passed on. Either way the child saves a checkpoint and stops.
     previous = {s: signal.signal(s, lambda signum, frame: child.send_signal(signum))
                 for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = child.wait()
+        if hasattr(os, "wait4"):  # the child's own resource use: its peak resident memory
+            status, usage = os.wait4(child.pid, 0)[1:]
+            code, rss = os.waitstatus_to_exitcode(status), usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+        else:
+            code, rss = child.wait(), None
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if out_dir.is_dir():
-        wall = json.dumps({"wall_s": before + time.perf_counter() - t0}) + "\n"
-        with contextlib.suppress(OSError):  # the time is a nicety: a full disk must not hide the run's exit code
-            write_atomic(out_dir / "wall_time.json", wall.encode())
+        rss = max(filter(None, [rss, read_record(out_dir).get("peak_rss") if resuming else None]), default=None)
+        record = json.dumps({"wall_s": before + time.perf_counter() - t0, "peak_rss": rss}) + "\n"
+        with contextlib.suppress(OSError):  # the record is a nicety: a full disk must not hide the run's exit code
+            write_atomic(out_dir / "wall_time.json", record.encode())
     return code
-
-
-# The child process: python -c CHILD ROOT TRAIN.PY-ARGS; train_child runs in it.
-CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from tinygpt import ladder; "
-         "sys.exit(ladder.train_child(sys.argv[2:]))")
-
-
-def train_child(args):
-    """train.py with args in this process (it seeds itself), then the process's peak memory
-    into OUT_DIR/peak_memory.json: the largest over its resumes."""
-    code = train.main(args)
-    cfg = load_config(train.TrainConfig, args)
-    path = Path(cfg.out_dir) / PEAK_FILE
-    if path.parent.is_dir():
-        peak = peak_memory()
-        earlier = read_peak(path.parent) if cfg.init_from == "resume" else None
-        if earlier and earlier["of"] == peak["of"] and (peak["bytes"] or 0) < (earlier["bytes"] or 0):
-            peak = earlier
-        write_atomic(path, (json.dumps(peak) + "\n").encode())
-    return code
-
-
-def peak_memory():
-    """{"bytes": ..., "of": ...}: the peak of memory allocated to tensors on the GPU ("cuda") if
-    this process used one, else the process's peak resident set ("rss": all its memory in RAM,
-    torch's own included)."""
-    if torch.cuda.is_available() and torch.cuda.max_memory_allocated() > 0:
-        return {"bytes": torch.cuda.max_memory_allocated(), "of": "cuda"}
-    return {"bytes": peak_rss(), "of": "rss"}
-
-
-def read_peak(out_dir):
-    """The run's peak memory as train_child wrote it, or None (not trained by this ladder)."""
-    try:
-        record = json.loads((out_dir / PEAK_FILE).read_text(encoding="utf-8"))
-        return record if isinstance(record, dict) and "bytes" in record and "of" in record else None
-    except (OSError, ValueError):
-        return None
 
 
 def summarize(name, out_dir):
@@ -239,7 +192,8 @@ def summarize(name, out_dir):
     final = [r for r in records if "val_loss" in r][-1]
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     model_config = load_checkpoint(out_dir / "ckpt.pt")["model_config"]
-    peak = read_peak(out_dir) or {"bytes": None, "of": None}
+    cuda = [r["peak_memory"] for r in records if "peak_memory" in r]  # train.py logs a GPU's, over its resumes
+    peak = {"bytes": max(cuda), "of": "cuda"} if cuda else {"bytes": read_record(out_dir).get("peak_rss"), "of": "rss"}
     return {"rung": name, "parameters": GPT(GPTConfig(**model_config)).num_params(), "iters": final["iter"],
             "train_loss": final["train_loss"], "val_loss": final["val_loss"],
             "tokens_per_s": statistics.median(speeds) if speeds else None, "peak_memory_bytes": peak["bytes"],
@@ -286,14 +240,22 @@ def markdown(rows, header):
     return "\n".join(lines) + "\n"
 
 
-@cli
+@system.cli
 def main(argv):
-    own, overrides = split_args(argv)
-    if {"-h", "--help"} & set(own):
-        print(USAGE + help_text(LadderConfig, "-m tinygpt.ladder", DESCRIPTION).split("\n", 1)[1])
+    if {"-h", "--help"} & set(argv):
+        print(USAGE + help_text(LadderConfig, "bench/ladder.py", DESCRIPTION).split("\n", 1)[1])
         print("\nAny train.py option (python train.py --help) passes through to every rung, e.g. --max_iters=500.")
         return 0
-    cfg = load_config(LadderConfig, own)
+    for before, arg in zip(["--"] + argv, argv):  # a word that is no option's value: a preset, which the ladder has
+        if not arg.startswith("--") and not (before.startswith("--") and "=" not in before and before != "--"):
+            raise UserError(f"command line: unexpected {arg!r}; the ladder trains config/ladder/*.toml and "
+                            "takes only --key=value options (python bench/ladder.py --help)")
+    overrides = []  # train.py's options, passed through to every rung
+    cfg = load_config(LadderConfig, argv, rest=overrides)
+    owned = [a for a in overrides if a[2:].partition("=")[0].replace("-", "_") in LADDER_OWNS]
+    if owned:
+        raise UserError(f"command line: the ladder sets {owned[0].partition('=')[0]} itself; use --out for the "
+                        "directory and --force to train again")
     load_config(train.TrainConfig, overrides)  # a bad train.py option fails now, not at rung 5
     out = Path(cfg.out or ("out/ladder" if cfg.budget == "cpu" else f"out/ladder_{cfg.budget}"))
 
@@ -306,7 +268,7 @@ def main(argv):
                 f"--out_dir={out_dir}"]
         rung_cfg = load_config(train.TrainConfig, args)
         try:  # the whole rung, model and data included, so a mistake fails now and not at rung 5
-            check_settings(rung_cfg, check_device(pick_device(rung_cfg.device)))
+            check_rung(rung_cfg)
         except UserError as e:
             raise UserError(f"rung {preset.stem}: {e}") from None
         state, diff = run_state(out_dir, rung_cfg)

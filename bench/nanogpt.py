@@ -52,13 +52,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
 import train  # noqa: E402
-from config import UserError, cli, load_config, option  # noqa: E402
+from config import UserError, load_config, option  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tinygpt import settings  # noqa: E402
-from tinygpt.dataset import get_batch, mean_loss  # noqa: E402
+from tinygpt import system  # noqa: E402
+from tinygpt.dataset import mean_loss  # noqa: E402
 from tinygpt.decoding import generate  # noqa: E402
 from tinygpt.device import machine, peak_flops, pick_dtype  # noqa: E402
-from tinygpt.optim import configure_optimizer  # noqa: E402
 from tinygpt.system import keep_freed_memory  # noqa: E402
 
 # nanoGPT's CPU configuration, as its README gives it.
@@ -337,7 +336,7 @@ def steps_taking_turns(nano, mode, runs, rounds):
         their_opt = theirs.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
 
     def their_step():  # nanoGPT's loop on a CPU: fp32 (its autocast is for CUDA), grad clip 1.0
-        x, y = get_batch(data, int(nano_args["batch_size"]), shape["block_size"], rng, "cpu")
+        x, y = train.get_batch(data, int(nano_args["batch_size"]), shape["block_size"], rng, "cpu")
         _, loss = theirs(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
@@ -348,14 +347,13 @@ def steps_taking_turns(nano, mode, runs, rounds):
     steps = {"nanogpt": their_step}
     for name, args in runs.items():
         cfg = load_config(train.TrainConfig, args, "train.py", "")
-        model = GPT(settings.model_config(cfg, shape["vocab_size"]))
+        model = GPT(train.model_config(cfg, shape["vocab_size"]))
         dtype = pick_dtype(cfg.dtype, "cpu", training=True)
         autocast = torch.autocast("cpu", dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
         # train.py's own step; the next batch it returns goes unused, each call drawing its own
-        steps[name] = functools.partial(train.train_step, model, configure_optimizer(model, cfg, "cpu"),
-                                        torch.amp.GradScaler("cpu", enabled=False),
-                                        lambda cfg=cfg: get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu"),
-                                        *get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu"), 1, autocast, cfg)
+        draw = functools.partial(train.get_batch, data, cfg.batch_size, cfg.block_size, rng, "cpu")
+        steps[name] = functools.partial(train.train_step, model, train.make_optimizer(model, cfg, "cpu"),
+                                        torch.amp.GradScaler("cpu", enabled=False), draw, *draw(), 1, autocast, cfg)
     times = {name: [] for name in steps}
     for round_ in range(rounds + 5):  # the first 5 warm up
         for name, step in steps.items():
@@ -366,7 +364,7 @@ def steps_taking_turns(nano, mode, runs, rounds):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-@cli
+@system.cli
 def main(argv):
     cfg = load_config(BenchConfig, argv, "bench/nanogpt.py", __doc__.strip().splitlines()[0])
     mode = MODES[cfg.device]

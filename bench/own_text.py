@@ -33,11 +33,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
-from config import UserError, cli, load_config, option  # noqa: E402
+from config import UserError, load_config, option  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tinygpt import budget  # noqa: E402
-from tinygpt.checkpoint import load_checkpoint  # noqa: E402
+from tinygpt import budget, system  # noqa: E402
 from tinygpt.dataset import load_data, mean_loss  # noqa: E402
+from tinygpt.files import load_checkpoint  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared/data/tinyshakespeare/input.txt"
 RUST_DOCS = Path.home() / ".rustup/toolchains/stable-x86_64-unknown-linux-gnu/share/doc/rust/html"
@@ -211,7 +211,7 @@ def print_table(rows, cfg):
               f"| {r['steps']:,} | {r['best_at']:,} | {r['bpc']:.4f} | {vs} | {r['wall_s']:.0f} s |")
 
 
-@cli
+@system.cli
 def main(argv):
     cfg = load_config(BenchConfig, argv, "bench/own_text.py", __doc__.strip().splitlines()[0])
     out = Path(cfg.out)

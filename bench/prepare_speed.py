@@ -30,8 +30,9 @@ import tiktoken.registry
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
 import prepare
-from config import UserError, cli, load_config, option
-from tinygpt.tokenizer import cpu_count
+from config import UserError, load_config, option
+from tinygpt import system  # noqa: E402
+from tinygpt.system import cpu_count
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt"
 LOCAL = "bench_local_bpe"
@@ -83,7 +84,7 @@ def make_input(source, size_mb, path):
     return copies * len(text)
 
 
-@cli
+@system.cli
 def main(argv):
     if argv[:1] == ["--child"]:
         return child(*argv[1:])

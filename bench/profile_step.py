@@ -22,16 +22,13 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
 import train  # noqa: E402
-from config import cli  # noqa: E402
 from model import GPT  # noqa: E402
-from tinygpt import settings  # noqa: E402
-from tinygpt.dataset import get_batch  # noqa: E402
+from tinygpt import system  # noqa: E402
 from tinygpt.device import pick_dtype  # noqa: E402
-from tinygpt.optim import configure_optimizer  # noqa: E402
 from tinygpt.system import keep_freed_memory  # noqa: E402
 
 
-@cli
+@system.cli
 def main(argv):
     steps, rows, rest = 20, 25, []
     for arg in argv:
@@ -47,13 +44,13 @@ def main(argv):
     dtype = pick_dtype(cfg.dtype, "cpu", training=True)
     autocast = torch.autocast("cpu", dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     torch.manual_seed(cfg.seed)
-    model = GPT(settings.model_config(cfg, vocab_size))
-    optimizer = configure_optimizer(model, cfg, "cpu")
+    model = GPT(train.model_config(cfg, vocab_size))
+    optimizer = train.make_optimizer(model, cfg, "cpu")
     data = np.random.default_rng(0).integers(0, vocab_size, 200_000).astype(np.uint16)
     rng = np.random.default_rng(0)
 
     def step():
-        x, y = get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu")
+        x, y = train.get_batch(data, cfg.batch_size, cfg.block_size, rng, "cpu")
         with record_function("forward"), autocast:
             _, loss = model(x, y)
         with record_function("backward"):

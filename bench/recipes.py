@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
-from config import UserError, cli, load_config, option
+from config import UserError, load_config, option
+from tinygpt import system  # noqa: E402
 
 CPU = "config/shakespeare_char_cpu.toml"
 NANOGPT = [CPU, "--learning_rate=1e-3"]  # the classic preset with nanoGPT's learning rate
@@ -116,7 +117,7 @@ def print_table(rows, cfg):
               f"| {fmt(s['seconds'], '.1f')} |")
 
 
-@cli
+@system.cli
 def main(argv):
     cfg = load_config(BenchConfig, argv, "bench/recipes.py", __doc__.strip().splitlines()[0])
     runs = [parse_run(spec) for spec in cfg.runs]

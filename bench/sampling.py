@@ -21,8 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
-from config import UserError, cli, load_config, option
+from config import UserError, load_config, option
 from model import GPT, GPTConfig
+from tinygpt import system  # noqa: E402
 from tinygpt.decoding import KVCache, generate, stream
 
 
@@ -79,7 +80,7 @@ def watched_generation(model, idx, max_new_tokens, segments):
     return torch.cat([idx, *new], dim=1), parts
 
 
-@cli
+@system.cli
 def main(argv):
     cfg = load_config(BenchConfig, argv, "bench/sampling.py", __doc__.strip().splitlines()[0])
     if cfg.max_new_tokens < 1 or cfg.prompt_tokens < 1 or cfg.batch_size < 1:

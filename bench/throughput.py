@@ -21,11 +21,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's modules
 
 import train
-from config import UserError, cli
+from config import UserError
 from model import GPT
-from tinygpt import budget, settings
+from tinygpt import (
+    device,
+    system,  # noqa: E402
+)
 from tinygpt.dataset import read_meta
-from tinygpt.device import pick_device
 
 
 def matmul_peak_flops(n=1024, repeats=20):
@@ -51,7 +53,7 @@ def synthetic_data(directory, vocab_size=65, n_tokens=200_000):
     (Path(directory) / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
-@cli
+@system.cli
 def main(argv):
     iters = 100
     rest = []
@@ -80,15 +82,15 @@ def main(argv):
     ms = sorted(r["ms_per_iter"] for r in steps)[len(steps) // 2]
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
     tok_s = tokens_per_iter / (ms / 1000)
-    device = pick_device(cfg.device)
+    device_name = device.choose_device(cfg.device)
     print(f"preset: {' '.join(rest) or '(defaults)'}")
-    print(f"device: {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"device: {device_name}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"median {ms:.1f} ms/iter over {len(steps)} iterations, {tok_s:,.0f} tokens/s")
     if "mfu" in steps[-1]:
         print(f"MFU {np.median([r['mfu'] for r in steps]):.1%} of the device's bf16 peak")
-    elif device == "cpu":
-        params = GPT(settings.model_config(cfg, vocab_size)).num_params()
-        flops = budget.train_flops_per_token(params, cfg.n_layer, cfg.n_embd, cfg.block_size) * tok_s
+    elif device_name == "cpu":
+        params = GPT(train.model_config(cfg, vocab_size)).num_params()
+        flops = device.train_flops_per_token(params, cfg.n_layer, cfg.n_embd, cfg.block_size) * tok_s
         peak = matmul_peak_flops()
         print(f"model FLOP/s {flops / 1e9:.1f} G, fp32 matmul peak here {peak / 1e9:.1f} G: MFU {flops / peak:.1%}")
     return 0

@@ -2,25 +2,23 @@
 
     python train.py [PRESET.toml ...] [--key=value ...]
 
-A script's settings are a dataclass whose fields carry their help text. TOML
-presets are laid over the defaults in order, then command-line overrides. TOML
-is parsed (tomllib), never executed, and every key, type and range is checked.
+A script's settings are a dataclass whose fields carry their help text. TOML presets are laid
+over the defaults in order, then the command line's --key=value. TOML is parsed (tomllib), never
+executed, and every key, type and range is checked. This module imports nothing of the project:
+the scripts and the package import it.
 """
 
 import dataclasses
 import difflib
-import functools
 import math
 import operator
-import os
-import sys
 import tomllib
 import types
 import typing
 
-from tinygpt import terminal
-
 BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+BOUNDS = {"low": (operator.ge, "at least"), "above": (operator.gt, "more than"), "high": (operator.le, "at most"),
+          "below": (operator.lt, "less than")}
 
 
 class UserError(Exception):
@@ -33,142 +31,113 @@ class UserError(Exception):
         self.alone = alone
 
 
-def option(default, help, *, low=None, high=None, above=None, below=None, choices=None):
-    """A dataclass field with its one-line help and the values it allows: at least low,
-    at most high, more than above, less than below, or one of choices. load_config
-    checks them (None, for an optional field, always passes)."""
-    allowed = {k: v for k, v in dict(low=low, high=high, above=above, below=below, choices=choices).items()
-               if v is not None}
-    metadata = {"help": help, "allowed": allowed}
+def option(default, help, **allowed):
+    """A dataclass field with its one-line help and the values it allows: at least low, at most high,
+    more than above, less than below, or one of choices. load_config checks them (None always passes)."""
     if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+        return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help, "allowed": allowed})
+    return dataclasses.field(default=default, metadata={"help": help, "allowed": allowed})
 
 
-def cli(main):
-    """Wraps main(argv) -> exit code so a UserError becomes one line and exit 2, Ctrl-C
-    one line and exit 130, and a closed stdout or stderr stops the printing, not the work."""
+def load_config(cls, argv, prog="", description="", sources=None, rest=None):
+    """A `cls` from the presets and --key=value overrides in argv; --help prints and exits. A dict given
+    as sources is filled with where each key that was set came from: the preset's path, or "command line".
+    A list given as rest takes the --key options cls does not know, as written, instead of refusing them."""
+    fields, hints = {f.name: f for f in dataclasses.fields(cls)}, typing.get_type_hints(cls)
+    values, origin, given = {}, {}, {}  # given: the command line's, which win
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("-h", "--help"):
+            print(help_text(cls, prog, description))
+            raise SystemExit(0)
+        if not arg.startswith("--"):
+            for name, value in read_toml(arg).items():
+                values[name], origin[name] = convert(fields, hints, name, value, arg), arg
+            continue
+        name, has_value, value = arg[2:].partition("=")
+        name = name.replace("-", "_")
+        if rest is not None and name not in hints:  # another script's option
+            rest += [arg] + ([args.pop(0)] if not has_value and args and not args[0].startswith("--") else [])
+            continue
+        if not has_value:  # --key value, or a bare --flag (true)
+            if unwrap(hints.get(name))[0] is bool:
+                value = args.pop(0) if args and args[0].lower() in BOOL_WORDS else "true"
+            elif args:
+                value = args.pop(0)
+            elif name in hints:
+                raise UserError(f"command line: --{name} needs a value, e.g. --{name}=VALUE")
+        value = convert(fields, hints, name, value, "command line", from_text=True)
+        given[name] = given.get(name, []) + value if isinstance(value, list) else value  # a repeated list appends
+    if sources is not None:
+        sources.update(origin | dict.fromkeys(given, "command line"))
+    return cls(**(values | given))
 
-    @functools.wraps(main)
-    def wrapper(argv=None):
-        terminal.restore()  # from here on Ctrl-C is a KeyboardInterrupt, so cleanups run
-        with terminal.quiet_on_failure():
-            try:
-                return main(sys.argv[1:] if argv is None else list(argv)) or 0
-            except SystemExit as e:  # --help: printed, and done
-                return e.code or 0
-            except UserError as e:
-                if str(e) and (e.alone or os.environ.get("RANK", "0") == "0"):
-                    print(f"error: {e}", file=sys.stderr)
-                return 2
-            except KeyboardInterrupt:
-                print("interrupted", file=sys.stderr)
-                return 130
 
-    return wrapper
-
-
-def _base_type(tp):
+def unwrap(tp):
     """(type, optional) for a field annotation such as int, float | None, list[str]."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0], True
+        return next(a for a in typing.get_args(tp) if a is not type(None)), True
     return tp, False
 
 
-def _type_name(tp):
-    base, optional = _base_type(tp)
-    name = "list of str" if typing.get_origin(base) is list else base.__name__
-    return name + (" or none" if optional else "")
+def type_name(tp):
+    base, optional = unwrap(tp)
+    return ("list of str" if typing.get_origin(base) is list else base.__name__) + (" or none" if optional else "")
 
 
-def _convert(name, tp, value, source, from_text=False):
-    """Checks one value for field `name`: a typed TOML value as it is, or a
-    command-line string (from_text) parsed to the field's type."""
-    base, optional = _base_type(tp)
-    from_text = from_text and isinstance(value, str) and base is not str
-    bad = UserError(f"{source}: {name} must be {_type_name(tp)}, got {value!r}")
+def convert(fields, hints, name, value, source, from_text=False):
+    """value for field `name`, checked: a TOML value as it is typed, or (from_text) a command-line string
+    read as the field's type; then its range or choices. A UserError names the key, what it must be, and
+    where the value came from."""
+    if name not in hints:
+        close = difflib.get_close_matches(name, list(hints), n=1)
+        hint = f"; did you mean {close[0]}?" if close else "; see --help for the known keys"
+        raise UserError(f"{source}: unknown key {name!r}{hint}")
+    base, optional = unwrap(hints[name])
+
+    def bad():
+        if base is str and isinstance(value, (int, float)) and not isinstance(value, bool):  # max_time = 90 in TOML
+            return UserError(f'{source}: {name} must be str, got {value!r}: put it in quotes, {name} = "{value}"')
+        return UserError(f"{source}: {name} must be {type_name(hints[name])}, got {value!r}")
+
     if optional and isinstance(value, str) and value.lower() in ("none", "null", ""):  # TOML has no null
         return None
     if typing.get_origin(base) is list:
-        items = value if isinstance(value, list) else [value]
-        if not all(isinstance(v, str) for v in items):
-            raise bad
-        return items
-    if base is bool:
-        if isinstance(value, bool):
-            return value
-        if from_text and value.lower() in BOOL_WORDS:
-            return BOOL_WORDS[value.lower()]
-        raise bad
-    if base is int:
-        if from_text:
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                raise bad from None
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad
-    if base is float:
-        if from_text:
-            try:
-                value = float(value)
-            except ValueError:
-                raise bad from None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                raise UserError(f"{source}: {name} must be a finite number, got {value}")
-            return float(value)
-        raise bad
-    if base is str and isinstance(value, str):
-        return value
-    if base is str and isinstance(value, (int, float)) and not isinstance(value, bool):  # max_time = 90 in TOML
-        raise UserError(f'{source}: {name} must be str, got {value!r}: put it in quotes, {name} = "{value}"')
-    raise bad
+        value, base = value if isinstance(value, list) else [value], list
+        if not all(isinstance(v, str) for v in value):
+            raise bad()
+    elif from_text and base is not str:  # int(), float() read 1_000 too
+        try:
+            value = BOOL_WORDS[value.lower()] if base is bool else base(value)
+        except (KeyError, ValueError):
+            raise bad() from None
+    # A bool only where one is wanted (True is an int too); an int is a fine float: rate = 3 in TOML.
+    if isinstance(value, bool) != (base is bool) or not isinstance(value, (int, float) if base is float else base):
+        raise bad()
+    if base is float and not math.isfinite(value):
+        raise UserError(f"{source}: {name} must be a finite number, got {value}")
+    allowed = fields[name].metadata.get("allowed", {})
+    for item in value if base is list else [value]:
+        if not all(test(item, allowed[k]) for k, (test, _) in BOUNDS.items() if k in allowed) \
+                or item not in allowed.get("choices", [item]):
+            raise UserError(f"{source}: {name} must be {rule(allowed)}, got {item!r}")
+    return float(value) if base is float else value
 
 
-def _rule(allowed):
-    """The allowed values in words: 'at least 1', 'at least 0 and less than 1', 'cpu or gpu'."""
+def rule(allowed):
+    """The allowed values in words: 'at least 1', 'more than 0 and less than 1', 'one of a, b, c'."""
     if "choices" in allowed:
         choices = [str(c) for c in allowed["choices"]]
         return "one of " + ", ".join(choices) if len(choices) > 2 else " or ".join(choices)
-    words = {"low": "at least", "above": "more than", "high": "at most", "below": "less than"}
-    return " and ".join(f"{words[k]} {allowed[k]}" for k in words if k in allowed)
-
-
-def _allows(allowed, value):
-    if "choices" in allowed:
-        return value in allowed["choices"]
-    tests = {"low": operator.ge, "above": operator.gt, "high": operator.le, "below": operator.lt}
-    return all(test(value, allowed[k]) for k, test in tests.items() if k in allowed)
-
-
-def check_values(cfg, sources=None):
-    """The one check of every field's range or choices; a UserError names the key, the
-    value and what is allowed, and where the value came from (sources: name -> where)."""
-    for f in dataclasses.fields(cfg):
-        allowed, value = f.metadata.get("allowed"), getattr(cfg, f.name)
-        if not allowed or value is None:
-            continue
-        for item in value if isinstance(value, list) else [value]:
-            if not _allows(allowed, item):
-                where = (sources or {}).get(f.name, "default")
-                raise UserError(f"{where}: {f.name} must be {_rule(allowed)}, got {item!r}")
-
-
-def _unknown(name, known, source):
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"; did you mean {close[0]}?" if close else "; see --help for the known keys"
-    return UserError(f"{source}: unknown key {name!r}{hint}")
+    return " and ".join(f"{words} {allowed[k]}" for k, (_, words) in BOUNDS.items() if k in allowed)
 
 
 def read_toml(path):
     """The table in a TOML file, or a UserError naming the file and line."""
     try:
         with open(path, "rb") as f:
-            text = f.read().decode("utf-8").removeprefix("\ufeff")  # a byte-order mark, as some editors write
-        return tomllib.loads(text)
+            return tomllib.loads(f.read().decode("utf-8").removeprefix("\ufeff"))  # a BOM, as some editors write
     except FileNotFoundError:
         raise UserError(f"config file {path} not found; presets live in config/, e.g. config/tiny.toml") from None
     except IsADirectoryError:
@@ -184,53 +153,7 @@ def help_text(cls, prog, description):
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        lines.append(f"  --{f.name}={default!r}  ({_type_name(hints[f.name])})")
         allowed = f.metadata.get("allowed")
-        lines.append(f"      {f.metadata.get('help', '')}" + (f" ({_rule(allowed)})" if allowed else ""))
+        lines += [f"  --{f.name}={default!r}  ({type_name(hints[f.name])})",
+                  f"      {f.metadata.get('help', '')}" + (f" ({rule(allowed)})" if allowed else "")]
     return "\n".join(lines)
-
-
-def load_config(cls, argv, prog="", description="", sources=None):
-    """Builds a `cls` from presets and overrides in argv; --help prints and exits.
-    A dict passed as sources is filled with where each key that was set came from:
-    the preset's path, or "command line"; keys left at their defaults are absent."""
-    hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls)]
-    # The presets' values, then the command line's: `--n_layer=3 preset.toml` keeps 3, as the other order does.
-    values, origin, given = {}, {}, {}
-    args = list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg in ("-h", "--help"):
-            print(help_text(cls, prog, description))
-            raise SystemExit(0)
-        if not arg.startswith("--"):
-            table = read_toml(arg)
-            for name, value in table.items():
-                if name not in hints:
-                    raise _unknown(name, known, arg)
-                values[name] = _convert(name, hints[name], value, arg)
-                origin[name] = arg
-            continue
-        name, has_value, value = arg[2:].partition("=")
-        name = name.replace("-", "_")
-        if name not in hints:
-            raise _unknown(name, known, "command line")
-        base, _ = _base_type(hints[name])
-        if not has_value:
-            if base is bool:
-                # A bare --flag switches it on; --flag false (a space, then a bool) sets it.
-                value = args.pop(0) if args and args[0].lower() in BOOL_WORDS else "true"
-            elif args:
-                value = args.pop(0)
-            else:
-                raise UserError(f"command line: --{name} needs a value, e.g. --{name}=VALUE")
-        value = _convert(name, hints[name], value, "command line", from_text=True)
-        given[name] = given.get(name, []) + value if typing.get_origin(base) is list else value  # repeated: appends
-    values.update(given)
-    origin.update(dict.fromkeys(given, "command line"))
-    cfg = cls(**values)
-    check_values(cfg, origin)
-    if sources is not None:
-        sources.update(origin)
-    return cfg

@@ -18,7 +18,7 @@ import torch
 import prepare
 import sample
 import train
-from tinygpt import checkpoint
+from tinygpt import files
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -51,7 +51,7 @@ def truncate_checkpoint(ws, name="ckpt.pt"):
 
 def newer_checkpoint(ws, name="best.pt"):  # best.pt: what sample.py reads when it exists
     ckpt = torch.load(ws / "out" / name, weights_only=True)
-    torch.save({**ckpt, "format": checkpoint.CHECKPOINT_FORMAT + 1}, ws / "out" / name)
+    torch.save({**ckpt, "format": files.CHECKPOINT_FORMAT + 1}, ws / "out" / name)
 
 
 def mismatched_bins(ws):

@@ -19,9 +19,9 @@ import prepare
 import train
 from config import UserError
 from model import GPT, GPTConfig
-from tinygpt import dataset, textfiles
+from tinygpt import dataset, system, textfiles
 from tinygpt.decoding import generate
-from tinygpt.settings import padded_vocab_size
+from tinygpt.device import padded_vocab_size
 from tinygpt.tokenizer import TiktokenTokenizer, cut_point, tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_bpe_ids_do_not_depend_on_chunk_size_or_threads(local_bpe, tmp_path, mon
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
     whole = TiktokenTokenizer(local_bpe).encode(text)
     monkeypatch.setattr(textfiles, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(dataset, "cpu_count", lambda: 3)
+    monkeypatch.setattr(system, "cpu_count", lambda: 3)
     assert prepare_bpe(tmp_path / "in.txt", local_bpe, tmp_path / "d") == 0
     assert list(read_tokens(tmp_path / "d")[1]) == whole
 

@@ -14,7 +14,7 @@ import torch
 import sample
 import train
 from config import UserError
-from tinygpt import budget, checkpoint, settings
+from tinygpt import budget, files
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -22,8 +22,9 @@ GFLOPS = 1e9
 
 
 def choose(train_tokens, seconds=300, flops_per_s=50 * GFLOPS, vocab_size=65):
-    settings, max_steps, _ = budget.choose_run(train_tokens, train_tokens // 9, vocab_size, flops_per_s, seconds)
-    return settings, max_steps
+    """(the settings choose_run picks, the most steps worth taking on the text with their batch)."""
+    settings, _ = budget.choose_run(train_tokens, train_tokens // 9, vocab_size, flops_per_s, seconds)
+    return settings, budget.most_steps(train_tokens, settings["batch_size"] * settings["block_size"])
 
 
 def size(settings):
@@ -82,7 +83,7 @@ def test_a_short_budget_chooses_a_model_it_can_give_max_steps_even_at_the_smalle
         larger_ones += 1
         flops = budget.model_flops_per_token(chosen["n_layer"], chosen["n_embd"], chosen["block_size"], 65)
         steps = 50 * GFLOPS * seconds / flops / (budget.MIN_BATCH * chosen["block_size"])
-        assert steps >= budget.MAX_STEPS, (seconds, chosen)
+        assert steps >= budget.MIN_STEPS, (seconds, chosen)
     assert larger_ones > 50
 
 
@@ -119,9 +120,9 @@ def test_an_evaluation_reads_the_same_number_of_tokens_whatever_the_batch():
 
 def test_the_rule_chooses_around_what_was_given():
     given = {"block_size": 256, "batch_size": 8, "n_embd": 96}
-    settings, _, _ = budget.choose_run(1_000_000, 100_000, 65, 50 * GFLOPS, 300, given)
+    settings, _ = budget.choose_run(1_000_000, 100_000, 65, 50 * GFLOPS, 300, given)
     assert {k: settings[k] for k in given} == given and 96 % settings["n_head"] == 0
-    five_heads, _, _ = budget.choose_run(1_000_000, 100_000, 65, 50 * GFLOPS, 300, {"n_head": 5})
+    five_heads, _ = budget.choose_run(1_000_000, 100_000, 65, 50 * GFLOPS, 300, {"n_head": 5})
     assert five_heads["n_embd"] % 5 == 0
 
 
@@ -131,28 +132,30 @@ def test_a_faster_device_gives_a_larger_model():
 
 def test_the_sizing_counts_only_the_seconds_its_steps_will_have(monkeypatch):
     counted = []
-    real = budget.size_run
-    monkeypatch.setattr(budget, "size_run", lambda *args: counted.append(args[3]) or real(*args))
-    budget.size_for_data(train.TrainConfig(), {}, 1_000_000, 100_000, 65, 60.0, 1, lambda c: (0.05, 0.5),
-                         say=lambda *a: None)
-    assert counted == [pytest.approx(60.0 * budget.USABLE * (1 - budget.EVAL_SHARE))]  # the plan's, less evaluations
+    real = budget.choose_run
+    monkeypatch.setattr(budget, "choose_run", lambda *args: counted.append(args[4]) or real(*args))
+    budget.size_run(train.TrainConfig(), {}, (1_000_000, 100_000, 65), 60.0, 1, lambda c: (0.05, 0.5))
+    assert counted and counted == [pytest.approx(60.0 * budget.USABLE * (1 - budget.EVAL_SHARE))] * len(counted)
 
 
 def test_size_run_settles_where_the_rate_measured_for_a_choice_gives_that_choice():
-    probed = []
+    measured = []
 
-    def rate(settings):  # FLOP/s on a CPU where a step costs 30 ms plus 2 ms a sequence, a third more with dropout
-        probed.append(settings)
-        n_layer, n_embd, block, batch = (settings[k] for k in ("n_layer", "n_embd", "block_size", "batch_size"))
-        step_s = (0.03 + 0.002 * batch * (n_layer * n_embd**2) / (4 * 128**2)) * (1.33 if settings["dropout"] else 1)
-        return batch * block * budget.model_flops_per_token(n_layer, n_embd, block, 65) / step_s
+    def measure(cfg):  # seconds a step on a CPU where it costs 30 ms plus 2 ms a sequence, a third more with dropout
+        measured.append(cfg)
+        sequence_s = 0.002 * cfg.n_layer * cfg.n_embd**2 / (4 * 128**2)
+        return (0.03 + sequence_s * cfg.batch_size) * (1.33 if cfg.dropout else 1), 1.0
 
+    seconds = 300 / (budget.USABLE * (1 - budget.EVAL_SHARE))  # so that the rule sizes for 300 s of steps
+    keys = ("n_layer", "n_embd", "block_size", "batch_size", "dropout")
     for train_tokens in (20_000, 1_000_000, 30_000_000):
-        probed.clear()
-        settings, _ = budget.size_run(train_tokens, train_tokens // 9, 65, 300, rate)
-        again, _, _ = budget.choose_run(train_tokens, train_tokens // 9, 65, rate(settings), 300)
-        assert again == settings, train_tokens
-        assert "dropout" in probed[0]  # measured as it would train, not with a default's dropout
+        measured.clear()
+        cfg, _, _ = budget.size_run(train.TrainConfig(), {}, (train_tokens, train_tokens // 9, 65), seconds, 1, measure)
+        flops = budget.model_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, 65)
+        rate = cfg.batch_size * cfg.block_size * flops / measure(cfg)[0]
+        again, _ = budget.choose_run(train_tokens, train_tokens // 9, 65, rate, 300)
+        assert [again[k] for k in keys] == [getattr(cfg, k) for k in keys], train_tokens
+        assert measured[0].dropout == 0.0  # measured as the first guess would train, not with the default's 0.2
 
 
 def test_a_small_text_caps_the_steps_at_what_it_can_give():
@@ -170,18 +173,18 @@ def test_time_left_after_the_passes_a_text_can_give_goes_to_more_smaller_steps()
 
 
 def test_a_batch_given_on_the_command_line_counts_in_the_cap_on_steps():
-    def measure(cfg):
-        return 0.01, 0.1
-
-    cfg = train.TrainConfig(batch_size=4)
-    sized, max_steps, _ = budget.size_for_data(cfg, {"batch_size": "command line"}, 20_000, 2_000, 65, 36_000, 1,
-                                            measure, say=lambda *a: None)
+    given = {"batch_size": "command line"}
+    sized, _, times = budget.size_run(train.TrainConfig(batch_size=4), given, (20_000, 2_000, 65), 36_000, 1,
+                                      lambda cfg: (0.01, 0.1))
+    plan = budget.Budget(train.TrainConfig(max_time="10h"), given)
+    plan.use_sizing(sized, 20_000, 1, times)
     assert sized.batch_size == 4
-    assert max_steps == budget.most_steps(20_000, 4 * sized.block_size)  # MAX_EPOCHS passes of batch 4, not the rule's
+    assert plan.max_steps == budget.most_steps(20_000, 4 * sized.block_size)  # MAX_EPOCHS passes of batch 4
+    assert plan.times == (0.01, 0.1)  # the run chosen was measured: not timed again
 
 
 def test_the_context_fits_a_tiny_val_split():
-    settings, _, _ = budget.choose_run(2_000, 200, 65, 50 * GFLOPS, 300)
+    settings, _ = budget.choose_run(2_000, 200, 65, 50 * GFLOPS, 300)
     assert settings["block_size"] <= 100
 
 
@@ -219,9 +222,8 @@ def test_fitting_a_preset_to_time_keeps_what_the_command_line_set():
     cfg = train.TrainConfig(max_iters=2000, lr_decay_iters=2000, eval_interval=250, warmup_iters=100, max_time="2m")
     sources = {"max_iters": "p.toml", "lr_decay_iters": "p.toml", "eval_interval": "p.toml", "max_time": "command line",
                "warmup_iters": "command line"}
-    fitted = budget.fit_to_time(cfg, sources, 120, step_s=0.01, eval_s=0.5, say=lambda *a: None)
-    assert fitted.max_iters == fitted.lr_decay_iters == budget.plan_steps(budget.USABLE * 120 - budget.process_age(),
-                                                                           0.01, 0.5, 250)
+    fitted, _ = budget.Budget(cfg, sources).fit(cfg, step_s=0.01, eval_s=0.5, elapsed=3.0)
+    assert fitted.max_iters == fitted.lr_decay_iters == budget.plan_steps(budget.USABLE * 120 - 3.0, 0.01, 0.5, 250)
     assert fitted.eval_interval == 250 and fitted.warmup_iters == 100
 
 
@@ -229,14 +231,14 @@ def test_fitting_a_preset_to_time_keeps_what_the_command_line_set():
                                              ({"eval_interval": "p.toml"}, 40)])  # a preset's evaluations: its own
 def test_only_evaluations_the_budget_spreads_read_fewer_batches(given, expected):
     cfg = train.TrainConfig(eval_iters=40, batch_size=16, block_size=128, max_time="1m")
-    fitted = budget.fit_to_time(cfg, given, 60, step_s=0.05, eval_s=2.1, elapsed=60 * budget.USABLE - 55,
-                                say=lambda *a: None)
+    fitted, _ = budget.Budget(cfg, given).fit(cfg, step_s=0.05, eval_s=2.1, elapsed=60 * budget.USABLE - 55)
     assert fitted.eval_iters == expected
 
 
 def test_no_time_left_is_a_user_error():
+    cfg = train.TrainConfig(max_time="1s")
     with pytest.raises(UserError, match="leaves"):
-        budget.fit_to_time(train.TrainConfig(max_time="1s"), {}, 1, step_s=5.0, eval_s=1.0, say=lambda *a: None)
+        budget.Budget(cfg, {}).fit(cfg, step_s=5.0, eval_s=1.0, elapsed=0.0)
 
 
 class FakeClock:
@@ -285,7 +287,7 @@ def test_no_preset_sizes_the_run_then_fits_its_steps_to_the_budget(data_dir, tmp
     assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=4s", "--patience=0"]) == 0
     out = capsys.readouterr().out
     assert "no preset: sized for the data" in out and "time budget 4s" in out
-    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    saved = files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
     expected = budget.plan_steps(budget.USABLE * 4, 0.01, 0.1)
     assert saved["lr_decay_iters"] == saved["max_iters"]
     assert abs(saved["max_iters"] - expected) <= 1  # fitted again from steps as fast as the probe's: kept
@@ -301,7 +303,7 @@ def test_the_command_line_overrides_the_rule(data_dir, tmp_path, clock):
     args = [f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=2s", "--n_layer=1", "--batch_size=3",
             "--max_iters=7"]
     assert train.main(args) == 0
-    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    saved = files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
     assert (saved["n_layer"], saved["batch_size"], saved["max_iters"]) == (1, 3, 7)
 
 
@@ -315,13 +317,13 @@ def test_the_probe_times_real_steps_and_leaves_the_model_as_it_was(data_dir, tmp
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'p'}", "--max_iters=1"]) == 0
     budgeted, plain = (read_log(tmp_path / run)[0] for run in ("b", "p"))
     assert budgeted["iter"] == plain["iter"] == 0 and budgeted["val_loss"] == plain["val_loss"]
-    saved = checkpoint.load_checkpoint(tmp_path / "b" / "ckpt.pt")["train_config"]
+    saved = files.load_checkpoint(tmp_path / "b" / "ckpt.pt")["train_config"]
     assert saved["max_iters"] == saved["lr_decay_iters"] != 20  # fitted to the time, not tiny.toml's 20
 
 
 def test_a_preset_with_max_time_keeps_its_model_and_gets_steps_for_the_time(data_dir, tmp_path, clock):
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=3s"]) == 0
-    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    saved = files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
     assert (saved["n_layer"], saved["n_embd"]) == (2, 32)  # tiny.toml's
     assert saved["max_iters"] == budget.plan_steps(budget.USABLE * 3, 0.01, 0.1, saved["eval_interval"])
     assert len(clock.probes) == 1  # only the steps were measured: no model to choose
@@ -332,7 +334,7 @@ def test_steps_slower_or_faster_than_the_probe_said_are_fitted_again_as_the_run_
         data_dir, tmp_path, clock, capsys, step_s):
     clock.step_s = step_s  # the probe said 10 ms
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=3s"]) == 0
-    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    saved = files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
     planned = budget.plan_steps(budget.USABLE * 3, 0.01, 0.1, saved["eval_interval"])
     assert f"planned: {planned:,}" in capsys.readouterr().out
     assert (saved["max_iters"] < planned) if step_s > 0.01 else (saved["max_iters"] > planned)
@@ -344,10 +346,10 @@ def test_steps_slower_or_faster_than_the_probe_said_are_fitted_again_as_the_run_
 def test_steps_that_slow_down_late_in_a_run_shorten_it_to_end_on_time(data_dir, tmp_path, clock, capsys):
     args = [TINY, f"--data_dir={data_dir}", "--max_time=3s"]
     assert train.main([*args, f"--out_dir={tmp_path / 'steady'}"]) == 0
-    planned = checkpoint.load_checkpoint(tmp_path / "steady" / "ckpt.pt")["iter"]
+    planned = files.load_checkpoint(tmp_path / "steady" / "ckpt.pt")["iter"]
     clock.steps, clock.slower = 0, {int(0.8 * planned): 0.015}  # half as slow again from 80% of the way
     assert train.main([*args, f"--out_dir={tmp_path / 'slowed'}"]) == 0
-    saved = checkpoint.load_checkpoint(tmp_path / "slowed" / "ckpt.pt")
+    saved = files.load_checkpoint(tmp_path / "slowed" / "ckpt.pt")
     assert saved["iter"] == saved["train_config"]["max_iters"] == saved["train_config"]["lr_decay_iters"] < planned
     assert clock.now <= budget.USABLE * 3 + 0.1  # past the plan's end by less than an evaluation
 
@@ -382,9 +384,9 @@ def test_max_iters_with_max_time_is_the_most_steps_the_budget_may_fit(data_dir, 
     args = [TINY, f"--data_dir={data_dir}", "--max_time=3s"]
     assert train.main([*args, f"--out_dir={tmp_path / 'a'}", "--max_iters=5"]) == 0
     assert "time budget 3s: 5 steps (--max_iters)" in capsys.readouterr().out
-    assert checkpoint.load_checkpoint(tmp_path / "a" / "ckpt.pt")["iter"] == 5
+    assert files.load_checkpoint(tmp_path / "a" / "ckpt.pt")["iter"] == 5
     assert train.main([*args, f"--out_dir={tmp_path / 'b'}", "--max_iters=100000"]) == 0
-    saved = checkpoint.load_checkpoint(tmp_path / "b" / "ckpt.pt")
+    saved = files.load_checkpoint(tmp_path / "b" / "ckpt.pt")
     assert 10 < saved["iter"] == saved["train_config"]["max_iters"] < 3 / 0.01  # what fits, not 100,000
     assert clock.now <= budget.USABLE * 3 + 1e-9
 
@@ -410,9 +412,9 @@ def test_a_run_stops_when_val_loss_has_not_improved_for_patience_evaluations(dat
     assert train.main(args) == 0
     assert "stopped early at iteration 50" in capsys.readouterr().out
     assert [r["iter"] for r in read_log(tmp_path) if "val_loss" in r] == [0, 10, 20, 30, 40, 50]
-    best = checkpoint.load_checkpoint(tmp_path / "best.pt")
+    best = files.load_checkpoint(tmp_path / "best.pt")
     assert (best["iter"], best["val_loss"]) == (20, 1.5)  # best.pt holds the best, not the last
-    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 50
+    assert files.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 50
 
 
 def test_resuming_a_run_that_stopped_early_does_not_train_on(data_dir, tmp_path, monkeypatch, capsys):
@@ -423,20 +425,20 @@ def test_resuming_a_run_that_stopped_early_does_not_train_on(data_dir, tmp_path,
     capsys.readouterr()
     assert train.main([*args, "--init_from=resume"]) == 0
     assert "stopped early at iteration 30" in capsys.readouterr().out
-    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 30
+    assert files.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 30
 
 
 def test_patience_zero_never_stops_early(data_dir, tmp_path, monkeypatch):
     scripted_val_losses(monkeypatch, [1.0] + [2.0] * 7)
     args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=70", "--eval_interval=10"]
     assert train.main([*args, "--patience=0"]) == 0
-    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 70
+    assert files.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 70
 
 
 def test_sample_reads_best_pt_when_it_exists_else_ckpt_pt(data_dir, tmp_path, capsys):
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=4"]) == 0
-    assert checkpoint.checkpoint_path(tmp_path) == tmp_path / "best.pt"
-    assert checkpoint.checkpoint_path(tmp_path, "ckpt.pt") == tmp_path / "ckpt.pt"
+    assert files.checkpoint_path(tmp_path) == tmp_path / "best.pt"
+    assert files.checkpoint_path(tmp_path, "ckpt.pt") == tmp_path / "ckpt.pt"
     (tmp_path / "ckpt.pt").write_text("not read: best.pt is")
     assert sample.main([f"--out_dir={tmp_path}", "--max_new_tokens=5"]) == 0
     assert sample.main([f"--out_dir={tmp_path}", "--max_new_tokens=5", "--checkpoint=ckpt.pt"]) == 2
@@ -462,4 +464,4 @@ def test_a_presets_out_dir_holds_only_with_its_own_data(tmp_path):
                            ([], "out/shakespeare_char")]:
         sources = {}
         cfg = train.load_config(train.TrainConfig, argv, sources=sources)
-        assert settings.run_out_dir(cfg, sources) == expected
+        assert train.run_out_dir(cfg, sources) == expected

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import train
-from config import UserError, cli, load_config, option
+from config import UserError, load_config, option
+from tinygpt.system import cli
 
 
 @dataclass
@@ -234,7 +235,7 @@ def test_help_says_what_each_ranged_option_allows(capsys):
     assert train.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "attention heads per block (at least 1)" in out
-    assert "dropout probability (0 to turn off) (at least 0 and less than 1)" in out
+    assert "dropout probability (at least 0 and less than 1)" in out
 
 
 def test_ctrl_c_in_main_is_one_line_and_exit_130(capsys):

@@ -15,7 +15,7 @@ import torch
 import prepare
 import sample
 import train
-from tinygpt import checkpoint
+from tinygpt import files
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -88,7 +88,7 @@ def test_sigkill_inside_a_checkpoint_write_leaves_one_that_loads(data_dir, unint
     if kill_at_save == 1:  # died writing the very first checkpoint: none to resume from
         assert not (tmp_path / "ckpt.pt").exists()
         return
-    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")  # the previous one, whole
+    saved = files.load_checkpoint(tmp_path / "ckpt.pt")  # the previous one, whole
     assert saved["iter"] > 0
     assert list(tmp_path.glob("*.tmp"))  # the half-written one (ckpt.pt.tmp or best.pt.tmp)...
     resume_to_the_end(data_dir, tmp_path)
@@ -103,7 +103,7 @@ def test_sigkill_at_any_moment_then_resume_finishes_like_an_uninterrupted_run(
     wait_for_iter(tmp_path, after_iter, proc)
     proc.kill()
     proc.communicate(timeout=60)
-    checkpoint.load_checkpoint(tmp_path / "ckpt.pt")
+    files.load_checkpoint(tmp_path / "ckpt.pt")
     resume_to_the_end(data_dir, tmp_path)
     assert losses(tmp_path) == uninterrupted
 
@@ -115,7 +115,7 @@ def test_signal_finishes_the_step_saves_and_exits(data_dir, uninterrupted, tmp_p
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
-    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")
+    saved = files.load_checkpoint(tmp_path / "ckpt.pt")
     assert f"stopped by {signal.Signals(signum).name} at iteration {saved['iter']}" in out
     assert str(tmp_path / "ckpt.pt") in out
     resume_to_the_end(data_dir, tmp_path)
@@ -128,7 +128,7 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: loss is ") and "at iteration" in err[0]
     assert "lower --learning_rate" in err[0]
-    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")
+    saved = files.load_checkpoint(tmp_path / "ckpt.pt")
     assert saved["iter"] == 0 and all(torch.isfinite(t).all() for t in saved["model"].values())
 
 
@@ -174,12 +174,12 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_never_runs(data_dir, tm
     with open(out_dir / "ckpt.pt", "wb") as f:  # a bare pickle: no checkpoint train.py writes, and refused as one
         pickle.dump(evil, f)
     with pytest.raises(train.UserError, match="is not a checkpoint"):
-        checkpoint.load_checkpoint(out_dir / "ckpt.pt")
+        files.load_checkpoint(out_dir / "ckpt.pt")
     code = train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--init_from=resume"])
     assert code == 2 and "is not a checkpoint" in capsys.readouterr().err
     assert sample.main([f"--out_dir={out_dir}", "--max_new_tokens=3"]) == 2
     assert "is not a checkpoint" in capsys.readouterr().err
     torch.save(evil, out_dir / "ckpt.pt")  # the same, in torch's own zip format
     with pytest.raises(train.UserError, match="could run code"):
-        checkpoint.load_checkpoint(out_dir / "ckpt.pt")
+        files.load_checkpoint(out_dir / "ckpt.pt")
     assert not marker.exists()

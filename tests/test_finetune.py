@@ -9,7 +9,7 @@ import torch
 
 import prepare
 import train
-from tinygpt import checkpoint
+from tinygpt import files
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -66,7 +66,7 @@ def test_known_characters_keep_their_rows_and_new_ones_start_fresh(base, data_di
         base = tmp_path / "untied" / "ckpt.pt"
     capsys.readouterr()
     assert finetune(base, other_data, tmp_path / "ft", "--max_iters=0") == 0  # the weights as loaded
-    old, new = (checkpoint.load_checkpoint(p) for p in (base, tmp_path / "ft" / "ckpt.pt"))
+    old, new = (files.load_checkpoint(p) for p in (base, tmp_path / "ft" / "ckpt.pt"))
     old_vocab, new_vocab = old["meta"]["vocab"], new["meta"]["vocab"]
     fresh = [ch for ch in new_vocab if ch not in old_vocab]
     assert len(fresh) > 10 and "!" in old_vocab and "!" not in new_vocab  # characters come and go
@@ -89,7 +89,7 @@ def test_finetuning_starts_at_iteration_zero_ahead_of_a_model_from_scratch(base,
     assert train.main([TINY, f"--data_dir={other_data}", f"--out_dir={tmp_path / 'scratch'}", *RUN,
                        "--max_iters=10", "--eval_interval=5"]) == 0
     assert [r["iter"] for r in read_log(tmp_path / "ft") if "val_loss" in r] == [0, 5, 10]
-    assert checkpoint.load_checkpoint(tmp_path / "ft" / "ckpt.pt")["iter"] == 10
+    assert files.load_checkpoint(tmp_path / "ft" / "ckpt.pt")["iter"] == 10
     finetuned, scratch = val_losses(tmp_path / "ft"), val_losses(tmp_path / "scratch")
     assert finetuned[0] < scratch[0] - 0.25  # what the checkpoint learned carries over to the new text
     assert finetuned[-1] < scratch[-1]
@@ -116,7 +116,7 @@ def test_bpe_data_of_the_same_encoding_just_works(small_gpt2, tmp_path):
                              "--out_dir", str(tmp_path / name)]) == 0
     assert train.main([TINY, f"--data_dir={tmp_path / 'a'}", f"--out_dir={tmp_path / 'base'}", "--max_iters=2"]) == 0
     assert finetune(tmp_path / "base" / "ckpt.pt", tmp_path / "b", tmp_path / "ft", "--max_iters=0") == 0
-    old, new = (checkpoint.load_checkpoint(tmp_path / run / "ckpt.pt")["model"] for run in ("base", "ft"))
+    old, new = (files.load_checkpoint(tmp_path / run / "ckpt.pt")["model"] for run in ("base", "ft"))
     assert all(torch.equal(new[name], old[name]) for name in old)
     assert finetune(tmp_path / "base" / "ckpt.pt", tmp_path / "b", tmp_path / "ft2", "--max_iters=3") == 0
 

@@ -16,7 +16,7 @@ import torch
 import prepare
 import sample
 import train
-from tinygpt import checkpoint, gpt2, score
+from tinygpt import files, gpt2, score
 from tinygpt.tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
 transformers = pytest.importorskip("transformers", reason="the reference GPT-2: pip install -r requirements-dev.txt")
@@ -134,7 +134,7 @@ def test_finetuning_gpt2_starts_from_its_weights(hub_dir, tmp_path, capsys):
     model = gpt2.build(*gpt2.load(str(directory))[:2])
     expected = score.mean_loss(model, val, N_POSITIONS, 8, "cpu")
     assert log[0]["val_loss"] == pytest.approx(expected, rel=1e-5)
-    ckpt = checkpoint.load_checkpoint(tmp_path / "out" / "ckpt.pt")
+    ckpt = files.load_checkpoint(tmp_path / "out" / "ckpt.pt")
     assert (ckpt["model_config"]["gelu"], ckpt["model_config"]["bias"], ckpt["iter"]) == ("tanh", True, 3)
     assert "fine-tuning" in capsys.readouterr().out
 
@@ -146,7 +146,7 @@ def test_finetuning_gpt2_on_a_shorter_block_keeps_the_first_positions(hub_dir, t
                          "--out_dir", str(tmp_path / "d")]) == 0
     assert train.main([f"--init_from={directory}", f"--data_dir={tmp_path / 'd'}", f"--out_dir={tmp_path / 'o'}",
                        "--block_size=16", "--batch_size=2", "--max_iters=0", "--eval_iters=1", "--device=cpu"]) == 0
-    wpe = checkpoint.load_checkpoint(tmp_path / "o" / "ckpt.pt")["model"]["wpe.weight"]
+    wpe = files.load_checkpoint(tmp_path / "o" / "ckpt.pt")["model"]["wpe.weight"]
     assert torch.equal(wpe, gpt2.load(str(directory))[1]["wpe.weight"][:16])
 
 

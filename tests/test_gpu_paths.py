@@ -3,11 +3,14 @@ measured against, MFU over many processes, TF32 and the GPU a lone process train
 again when a run moves to another kind of device, fp16's scaler on a resume, and sizing for several
 processes. What only a GPU can show is listed in docs/results.md."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 import train
-from tinygpt import budget, checkpoint, device, distributed, settings
+from tinygpt import budget, device, files, weights
 
 TINY = "config/tiny.toml"
 
@@ -22,10 +25,15 @@ def test_each_gpu_is_measured_against_its_own_peak(monkeypatch, name, peak):
     assert device.peak_flops("cuda") == peak
 
 
-def test_mfu_over_several_processes_is_against_as_many_gpus(monkeypatch):
-    monkeypatch.setattr(device, "peak_flops", lambda device_type: 100.0)
-    assert device.mfu(2.0, 40.0, "cuda", world=1) == 0.8
-    assert device.mfu(2.0, 40.0, "cuda", world=8) == 0.1  # 8 processes' tokens on 8 GPUs' peak
+def test_the_log_gives_mfu_against_the_peak_of_a_gpu_it_knows(monkeypatch, data_dir, tmp_path):
+    monkeypatch.setattr(device, "peak_flops", lambda device_type: 1e9)  # as if this CPU were a GPU of 1 GFLOP/s
+    args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=5", "--log_interval=5"]
+    assert train.main(args) == 0
+    record = next(json.loads(line) for line in Path(tmp_path / "log.jsonl").read_text().splitlines() if "mfu" in line)
+    config = files.load_checkpoint(tmp_path / "ckpt.pt")["model_config"]
+    params = train.GPT(train.GPTConfig(**config)).num_params()
+    flops = device.train_flops_per_token(params, config["n_layer"], config["n_embd"], config["block_size"])
+    assert record["mfu"] == pytest.approx(flops * record["tokens_per_s"] / 1e9)
 
 
 @pytest.mark.parametrize("name, expected", [("cuda:1", "cuda:1"), ("cuda", "cuda:0")])
@@ -38,12 +46,12 @@ def test_a_lone_process_trains_on_the_gpu_it_names_with_tf32(monkeypatch, name, 
         chosen.append(device)
 
     monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.setattr(distributed, "check_device", lambda name: name)
+    monkeypatch.setattr(device, "choose_device", lambda name: name)
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     before = torch.backends.cuda.matmul.fp32_precision
     try:
-        procs = distributed.start_processes(name)
+        procs = device.start_processes(name)
         assert (procs.device, chosen, torch.backends.cuda.matmul.fp32_precision) == (expected, [expected], "tf32")
     finally:
         torch.backends.cuda.matmul.fp32_precision = before
@@ -57,23 +65,23 @@ def test_a_lone_process_trains_on_the_gpu_it_names_with_tf32(monkeypatch, name, 
 def test_a_resumed_run_picks_its_dtype_again_only_on_another_kind_of_device(then, now, given, expected):
     ckpt = {"train_config": {"dtype": "float32"}, "device_type": then}
     cfg = train.TrainConfig(dtype="bfloat16" if given else "auto")
-    assert settings.resumed_config(ckpt, cfg, given, now).dtype == expected
+    assert weights.resumed_config(ckpt, cfg, given, now).dtype == expected
 
 
 def test_a_run_resumed_in_float16_starts_its_loss_scaling_afresh(data_dir, tmp_path):
     args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}"]
     assert train.main([*args, "--max_iters=2", "--dtype=bfloat16"]) == 0
-    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["scaler"] == {}  # bf16 scales nothing
+    assert files.load_checkpoint(tmp_path / "ckpt.pt")["scaler"] == {}  # bf16 scales nothing
     assert train.main([*args, "--init_from=resume", "--max_iters=4", "--dtype=float16"]) == 0
-    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["scaler"]["scale"] > 0
+    assert files.load_checkpoint(tmp_path / "ckpt.pt")["scaler"]["scale"] > 0
 
 
 def test_sizing_for_two_processes_counts_both(monkeypatch):
     cfg = train.TrainConfig()
 
     def sized(world):
-        return budget.size_for_data(cfg, {}, 100_000, 10_000, 65, 60.0, world, lambda c: (0.05, 0.5),
-                                    say=lambda *a: None)[:2]
+        chosen = budget.size_run(cfg, {}, (100_000, 10_000, 65), 60.0, world, lambda c: (0.05, 0.5))[0]
+        return chosen, budget.most_steps(100_000, world * chosen.batch_size * chosen.block_size)
 
     (one, one_steps), (two, two_steps) = sized(1), sized(2)
     assert budget.block_params(two.n_layer, two.n_embd) >= budget.block_params(one.n_layer, one.n_embd)

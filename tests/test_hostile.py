@@ -13,7 +13,7 @@ import torch
 import sample
 import train
 from model import GPT, GPTConfig
-from tinygpt import checkpoint, gpt2, settings
+from tinygpt import files, gpt2, weights
 from tinygpt.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,14 +52,12 @@ def test_a_budget_too_short_refuses_before_an_overwrite_touches_the_old_run(data
 
 
 def test_a_stop_during_start_up_is_one_line_and_loses_nothing(data_dir, finished_run, capsys, monkeypatch):
-    from tinygpt import budget
-
     def stopped(*args):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1)  # the handler runs before this ends
         raise AssertionError("SIGTERM did not stop the start-up")
 
-    monkeypatch.setattr(budget, "time_steps", stopped)  # the budget's probe, where start-up spends its seconds
+    monkeypatch.setattr(train, "probe", stopped)  # the budget's probe, where start-up spends its seconds
     before = contents(finished_run)
     capsys.readouterr()
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={finished_run}", "--overwrite=true",
@@ -97,7 +95,7 @@ def test_a_model_of_one_position_samples(tmp_path, capsys):
     state = {"format": 1, "model": GPT(config).state_dict(), "model_config": config.__dict__,
              "meta": {"tokenizer": "char", **CharTokenizer("ab\n").meta(), "vocab_size": 3}}
     (tmp_path / "out").mkdir()
-    checkpoint.save_checkpoint(state, tmp_path / "out" / "ckpt.pt")
+    train.save_checkpoint(state, tmp_path / "out" / "ckpt.pt")
     assert sample.main([f"--out_dir={tmp_path / 'out'}", "--start=ab", "--max_new_tokens=20"]) == 0
     text = capsys.readouterr().out.split(sample.SEPARATOR)[0]
     assert text.startswith("ab") and len(text) >= 22  # the prompt and 20 new characters (and a newline after)
@@ -119,9 +117,9 @@ def test_a_gpt2_directory_whose_config_is_wrong_is_one_line(tmp_path, capsys, co
 def test_a_resumed_budget_keeps_its_fitted_steps_over_its_presets():
     ckpt = {"train_config": {"max_iters": 57, "lr_decay_iters": 57, "max_time": "3s"}, "device_type": "cpu"}
     cfg = train.TrainConfig(max_iters=20)  # tiny.toml's, laid over the defaults again
-    resumed = settings.resumed_config(ckpt, cfg, {"max_iters": "config/tiny.toml"}, "cpu")
+    resumed = weights.resumed_config(ckpt, cfg, {"max_iters": "config/tiny.toml"}, "cpu")
     assert (resumed.max_iters, resumed.lr_decay_iters) == (57, 57)
-    given = settings.resumed_config(ckpt, train.TrainConfig(max_iters=80), {"max_iters": "command line"}, "cpu")
+    given = weights.resumed_config(ckpt, train.TrainConfig(max_iters=80), {"max_iters": "command line"}, "cpu")
     assert given.max_iters == 80  # what the command line says, it gets
 
 
@@ -142,30 +140,27 @@ def test_max_time_as_a_number_in_a_preset_is_told_how_to_write_it(tmp_path):
 
 
 def test_no_preset_with_the_whole_shape_given_sizes_nothing(data_dir, tmp_path, capsys, monkeypatch):
-    from tinygpt import budget
-
-    monkeypatch.setattr(budget, "time_steps", lambda *a: pytest.fail("probed a run with nothing to size"))
+    monkeypatch.setattr(train, "probe", lambda *a: pytest.fail("probed a run with nothing to size"))
     shape = ["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=8", "--batch_size=4"]
     assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=6", *shape]) == 0
     assert "sized" not in capsys.readouterr().out
-    config = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    config = files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
     assert (config["optimizer"], config["pos"]) == ("adamw", "learned")  # TrainConfig's defaults, as --help says
 
 
 def test_sizing_probes_and_keeps_what_was_given_and_says_what_it_chose():
     from tinygpt import budget
 
-    probed, said = [], []
+    probed = []
 
     def measure(cfg):
         probed.append(cfg)
         return 0.01, 0.1
 
-    cfg = train.TrainConfig(n_layer=1, n_embd=100)
-    sized, _, _ = budget.size_for_data(cfg, {"n_layer": "command line", "n_embd": "command line"}, 100_000, 10_000, 65,
-                                    300, 1, measure, say=said.append)
+    cfg, given = train.TrainConfig(n_layer=1, n_embd=100), {"n_layer": "command line", "n_embd": "command line"}
+    sized, said, _ = budget.size_run(cfg, given, (100_000, 10_000, 65), 300, 1, measure)
     assert all((c.n_layer, c.n_embd, c.n_embd % c.n_head) == (1, 100, 0) for c in [*probed, sized])
-    assert "1 layers x 100 wide" in said[0] and "muon, rope positions" in said[0] and "as given" in said[0]
+    assert "1 layers x 100 wide" in said and "muon, rope positions" in said and "as given" in said
 
 
 def test_a_budget_too_short_to_size_for_its_data_is_refused_after_one_probe():
@@ -179,14 +174,12 @@ def test_a_budget_too_short_to_size_for_its_data_is_refused_after_one_probe():
         return 0.2, 2.0
 
     with pytest.raises(train.UserError, match="too short to size a run for this data"):
-        budget.size_for_data(train.TrainConfig(max_time="15s"), {}, 100_000, 10_000, 100_000, 0.6, 1, slow)
+        budget.size_run(train.TrainConfig(max_time="15s"), {}, (100_000, 10_000, 100_000), 0.6, 1, slow)
     assert len(probed) == 1
 
 
 def test_a_block_longer_than_the_text_is_refused_before_any_probe(data_dir, tmp_path, capsys, monkeypatch):
-    from tinygpt import budget
-
-    monkeypatch.setattr(budget, "time_steps", lambda *a: pytest.fail("probed a block the text cannot fill"))
+    monkeypatch.setattr(train, "probe", lambda *a: pytest.fail("probed a block the text cannot fill"))
     assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--block_size=100000"]) == 2
     one_error_line(capsys, "block_size")
 
@@ -226,7 +219,7 @@ def test_no_preset_with_attention_rope_cannot_turn_keeps_learned_positions(data_
     monkeypatch.setattr(budget, "process_age", lambda: time.monotonic() - started)
     assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=5", "--n_embd=32",
                        switch]) == 0  # sized
-    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["model_config"]["pos"] == "learned"
+    assert files.load_checkpoint(tmp_path / "ckpt.pt")["model_config"]["pos"] == "learned"
 
 
 def test_fine_tuning_refuses_a_shape_the_weights_do_not_have_even_the_default_one(data_dir, finished_run, tmp_path,

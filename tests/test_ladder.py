@@ -8,7 +8,7 @@ import pytest
 
 import train
 from config import load_config
-from tinygpt.checkpoint import load_checkpoint
+from tinygpt.files import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "config" / "ladder").glob("*.toml"))

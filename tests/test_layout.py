@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STORY = {"model.py": 400, "train.py": 400, "sample.py": 250, "prepare.py": 300}  # each file's most lines
+STORY = {"model.py": 400, "train.py": 480, "sample.py": 250, "prepare.py": 300}  # each file's most lines
 PACKAGE = "tinygpt"
 TOP_LEVEL = {*STORY, "config", "data", "tests", "README.md", "docs", "bench", PACKAGE, ".ci",
              "pyproject.toml", "requirements.txt", "requirements-dev.txt", ".gitignore"}
@@ -103,7 +103,47 @@ def test_each_file_of_the_story_stays_within_its_size(name, most):
 
 
 def test_the_four_files_together_are_read_in_one_sitting():
-    assert sum(len((ROOT / name).read_text(encoding="utf-8").splitlines()) for name in STORY) <= 1000
+    assert sum(len((ROOT / name).read_text(encoding="utf-8").splitlines()) for name in STORY) <= 1200
+
+
+def test_the_package_and_config_never_import_the_scripts_and_config_imports_nothing_of_ours():
+    graph = import_graph()
+    scripts = {"train", "sample", "prepare"}
+    package = {name for name in graph if name.startswith(f"{PACKAGE}.")}
+    assert package and not {name: graph[name] & scripts for name in package if graph[name] & scripts}
+    assert graph["config"] == set()  # the package imports config (UserError, the loader), never the reverse
+    assert any("config" in graph[name] for name in package)
+
+
+def test_no_function_in_the_package_is_longer_than_50_lines():
+    long = {}
+    for path in (ROOT / PACKAGE).glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50:
+                long[f"{path.name}:{node.name}"] = node.end_lineno - node.lineno + 1
+    assert not long, long
+
+
+def test_the_first_rungs_take_the_stream_and_a_mask_and_use_nothing_beside_the_path():
+    """CausalAverage, Head and FeedForward read as in the lecture: forward(x) or forward(x, mask), and no
+    name they use is defined under "Beside the main path" in model.py."""
+    source = (ROOT / "model.py").read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    marker = source[: source.index("# --- Beside the main path")].count("\n") + 1
+    beside = {node.name for node in tree.body if getattr(node, "lineno", 0) > marker
+              and isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    beside |= {t.id for node in tree.body if getattr(node, "lineno", 0) > marker and isinstance(node, ast.Assign)
+               for t in node.targets if isinstance(t, ast.Name)}
+    assert {"where_tokens_are", "fused_attention", "additive_scores"} <= beside
+    rungs = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    for name in ("CausalAverage", "Head", "FeedForward"):
+        cls = rungs[name]
+        assert cls.lineno < marker
+        forward = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward")
+        assert [a.arg for a in forward.args.args] in (["self", "x"], ["self", "x", "mask"]), name
+        used = {n.id for n in ast.walk(cls) if isinstance(n, ast.Name)} | {
+            n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute)}
+        assert not used & beside, (name, used & beside)
 
 
 def test_no_function_in_train_py_is_longer_than_a_screen():

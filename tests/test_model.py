@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
+import train
 from model import (
     GPT,
     POSITIONS,
     CausalAverage,
-    Context,
     GPTConfig,
     Head,
     MultiHeadAttention,
@@ -20,7 +20,6 @@ from model import (
     padding_mask,
 )
 from tinygpt.decoding import generate
-from tinygpt.optim import split_for_muon
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=4, n_embd=32)
 
@@ -95,7 +94,7 @@ def test_output_at_t_ignores_tokens_after_t(rung, overrides):
 
 def test_causal_average_is_the_mean_of_the_prefix():
     x = torch.randn(3, 7, 5)
-    out = CausalAverage()(x, Context())
+    out = CausalAverage()(x)
     for b in range(3):
         for t in range(7):
             torch.testing.assert_close(out[b, t], x[b, : t + 1].mean(dim=0))
@@ -105,7 +104,7 @@ def test_causal_average_skips_left_padding():
     x = torch.randn(2, 7, 5)
     valid = torch.ones(2, 7, dtype=torch.bool)
     valid[1, :3] = False
-    out = CausalAverage()(x, Context(mask=padding_mask(valid, 7)))
+    out = CausalAverage()(x, padding_mask(valid, 7))
     for t in range(7):
         torch.testing.assert_close(out[0, t], x[0, : t + 1].mean(dim=0))
     for t in range(3, 7):
@@ -119,7 +118,7 @@ def test_a_head_weights_each_earlier_value_by_its_softmaxed_scaled_dot_product()
     torch.manual_seed(0)
     head, x = Head(GPTConfig(n_embd=8, n_head=2), head_size=4), torch.randn(2, 5, 8)
     q, k, v = head.query(x), head.key(x), head.value(x)  # (B, T, hs)
-    out = head(x, Context())
+    out = head(x)
     for t in range(5):  # query t against keys 0..t only
         weights = torch.softmax(q[:, t : t + 1] @ k[:, : t + 1].transpose(1, 2) / 2.0, dim=-1)  # sqrt(4) = 2
         torch.testing.assert_close(out[:, t : t + 1], weights @ v[:, : t + 1])
@@ -140,7 +139,7 @@ def test_multihead_attention_is_its_heads_one_by_one_concatenated_then_projected
         q, k, v = x @ W_q[rows].T + b_q[rows], x @ W_k[rows].T + b_k[rows], x @ W_v[rows].T + b_v[rows]  # (B, T, 4)
         outputs.append(attention(q, k, v)[0])  # (B, T, 4): head h, alone
     expected = mha.c_proj(torch.cat(outputs, dim=-1))  # (B, T, C)
-    torch.testing.assert_close(mha(x, Context()), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(mha(x), expected, atol=1e-6, rtol=1e-5)
 
 
 # --- Fused attention, written-out attention, padding ------------------------------------
@@ -211,8 +210,9 @@ def test_additive_heads_keep_one_vector_per_head_that_muon_and_weight_decay_leav
     model = make(rung, n_layer=2)
     vectors = [p for name, p in model.named_parameters() if name.endswith("score_vector")]
     assert [p.shape for p in vectors] == [(TINY["n_embd"],)] * 2  # H heads of hs, flat, in each layer
-    matrices, _ = split_for_muon(model)
-    assert not any(p is v for p in matrices for v in vectors)
+    adamw, muon = train.make_optimizer(model, train.TrainConfig(optimizer="muon"), "cpu").optimizers
+    assert not any(p is v for g in muon.param_groups for p in g["params"] for v in vectors)
+    assert all(any(p is v for g in adamw.param_groups if g["weight_decay"] == 0 for p in g["params"]) for v in vectors)
     dot = make(rung.removesuffix("_additive"), n_layer=2)
     assert model.num_params() == dot.num_params() + 2 * TINY["n_embd"]  # W_q and W_k are the query and key
 
@@ -221,6 +221,12 @@ def test_additive_heads_keep_one_vector_per_head_that_muon_and_weight_decay_leav
 def test_additive_scores_need_a_mixer_that_scores_and_no_rope(overrides):
     with pytest.raises(ValueError, match="score"):
         GPTConfig(**{"score": "additive", **overrides})
+
+
+@pytest.mark.parametrize("mixer", ["average", "head"])
+def test_rotary_positions_come_in_at_the_multihead_rung(mixer):
+    with pytest.raises(ValueError, match="needs mixer multihead"):
+        GPTConfig(mixer=mixer, pos="rope", n_head=2, n_embd=8)
 
 
 # --- Training ------------------------------------------------------------------------------
@@ -260,7 +266,7 @@ def test_stack_without_residuals_keeps_its_activations_at_scale():
     start = x.std().item()
     with torch.no_grad():
         for block in model.blocks:
-            x = block(x, Context())
+            x = block(x)
     assert x.std().item() > 1e-3 * start
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import train
-from tinygpt import checkpoint, settings
-from tinygpt.optim import Float32Muon, Optimizers, orthogonalize
+from tinygpt import files
+from tinygpt.optim import Muon, Optimizers, orthogonalize
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -25,8 +25,8 @@ def read_log(out_dir):
 
 def test_muon_gets_the_block_matrices_and_adamw_everything_else():
     cfg = train.TrainConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, bias=True, optimizer="muon")
-    model = train.GPT(settings.model_config(cfg, 11))
-    optimizer = train.configure_optimizer(model, cfg, "cpu")
+    model = train.GPT(train.model_config(cfg, 11))
+    optimizer = train.make_optimizer(model, cfg, "cpu")
     adamw, muon = optimizer.optimizers
     names = {id(p): n for n, p in model.named_parameters()}
     muon_names = sorted(names[id(p)] for g in muon.param_groups for p in g["params"])
@@ -46,7 +46,7 @@ def make_params(seed):
 def test_float32_muon_makes_torchs_bf16_update_to_within_bf16_precision():
     ours, theirs = make_params(0), make_params(0)
     settings = dict(lr=0.02, weight_decay=0.1, momentum=0.95, adjust_lr_fn="match_rms_adamw")
-    opt_ours, opt_theirs = Float32Muon(ours, **settings), torch.optim.Muon(theirs, **settings)
+    opt_ours, opt_theirs = Muon(ours, **settings), torch.optim.Muon(theirs, **settings)
     for _ in range(3):  # several steps, so the momentum buffers matter too
         before = [p.detach().clone() for p in ours]
         for a, b in zip(ours, theirs):
@@ -80,7 +80,7 @@ def test_orthogonalization_brings_every_singular_value_near_one(shape):
 def test_each_optimizer_follows_the_schedule_from_its_own_peak(data_dir, tmp_path):
     schedule = ["--max_iters=7", "--lr_decay_iters=20", "--learning_rate=2e-3"]
     assert run_train(data_dir, tmp_path, *schedule, "--muon_lr=0.03") == 0
-    saved = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["optimizer"]["optimizers"]
+    saved = files.load_checkpoint(tmp_path / "ckpt.pt")["optimizer"]["optimizers"]
     cfg = train.TrainConfig(max_iters=7, lr_decay_iters=20, warmup_iters=5, learning_rate=2e-3)
     lr = train.get_lr(7, cfg)  # the loop sets the rate before it checkpoints at the end
     assert [g["lr"] for g in saved[0]["param_groups"]] == pytest.approx([lr, lr])
@@ -95,13 +95,13 @@ def test_resume_with_muon_and_rope_matches_uninterrupted_run(data_dir, tmp_path)
     whole = [(r["iter"], r["loss"]) for r in read_log(tmp_path / "whole") if "loss" in r]
     split = [(r["iter"], r["loss"]) for r in read_log(tmp_path / "split") if "loss" in r]
     assert len(whole) == 16 and split == whole  # bit-identical, momentum buffers included
-    a, b = (checkpoint.load_checkpoint(tmp_path / d / "ckpt.pt") for d in ("whole", "split"))
+    a, b = (files.load_checkpoint(tmp_path / d / "ckpt.pt") for d in ("whole", "split"))
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
 def test_combined_optimizer_refuses_another_optimizers_state():
     p = torch.nn.Parameter(torch.zeros(2, 2))
-    both = Optimizers(torch.optim.AdamW([p]), Float32Muon([p]))
+    both = Optimizers(torch.optim.AdamW([p]), Muon([p]))
     with pytest.raises(ValueError, match="different optimizer"):
         both.load_state_dict(torch.optim.AdamW([p]).state_dict())
 

@@ -5,12 +5,13 @@ import json
 import struct
 import sys
 
+import ladder
 import pytest
 import torch
 
 import train
 from model import GPT, GPTConfig
-from tinygpt import ladder, plot
+from tinygpt import plot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = ["--n_embd=16", "--block_size=8", "--batch_size=2", "--max_iters=3", "--eval_interval=3",

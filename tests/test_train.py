@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train
-from tinygpt import checkpoint, device, settings
+from tinygpt import device, files
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -34,11 +34,11 @@ def test_tiny_run_lowers_the_loss_and_writes_checkpoints(data_dir, tmp_path):
     assert evals[-1]["val_bpc"] == pytest.approx(evals[-1]["val_loss"] / math.log(2))
     steps = [r for r in read_log(tmp_path) if "ms_per_iter" in r]
     assert steps and all(r["tokens_per_s"] > 0 for r in steps)
-    ckpt = checkpoint.load_checkpoint(tmp_path / "ckpt.pt")
+    ckpt = files.load_checkpoint(tmp_path / "ckpt.pt")
     assert ckpt["iter"] == 60
     assert ckpt["meta"]["tokenizer"] == "char"  # sample.py needs nothing but the checkpoint
     assert ckpt["best_val_loss"] == pytest.approx(min(r["val_loss"] for r in evals))
-    best = checkpoint.load_checkpoint(tmp_path / "best.pt")
+    best = files.load_checkpoint(tmp_path / "best.pt")
     assert best["val_loss"] == ckpt["best_val_loss"]
 
 
@@ -76,8 +76,8 @@ def test_learning_rate_warms_up_then_decays_to_min_lr():
 
 def test_weight_decay_applies_to_matrices_only():
     cfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, bias=True)
-    model = train.GPT(settings.model_config(cfg, 11))
-    decayed, plain = train.configure_optimizer(model, cfg, "cpu").param_groups
+    model = train.GPT(train.model_config(cfg, 11))
+    decayed, plain = train.make_optimizer(model, cfg, "cpu").param_groups
     assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decayed["params"]) and all(p.dim() == 1 for p in plain["params"])
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
@@ -106,7 +106,7 @@ def test_torchrun_trains_with_ddp_on_cpu(data_dir, tmp_path, processes):
     log = read_log(tmp_path)
     assert [r["iter"] for r in log if "val_loss" in r] == [0, 3, 6]  # only rank 0 writes
     assert len([r for r in log if "loss" in r]) == 6
-    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 6
+    assert files.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 6
 
 
 def error_line(capsys):
@@ -153,21 +153,21 @@ def test_head_count_that_does_not_divide_the_width_is_an_error(data_dir, tmp_pat
     assert "divisible" in error_line(capsys)
 
 
-@pytest.mark.parametrize("bf16_faster, expected", [(True, torch.bfloat16), (False, torch.float32)])
-def test_auto_dtype_trains_in_bf16_only_on_a_cpu_where_it_is_faster(monkeypatch, bf16_faster, expected):
-    monkeypatch.setattr(device, "bf16_is_faster", lambda device_type: bf16_faster)
+@pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_dtype_trains_in_bf16_only_on_a_cpu_with_native_bf16(monkeypatch, native, expected):
+    monkeypatch.setattr(device, "cpu_has_bf16", lambda: native)
     assert device.pick_dtype("auto", "cpu", training=True) == expected
     assert device.pick_dtype("auto", "cpu") == torch.float32  # sampling one token at a time: fp32
     assert device.pick_dtype("float32", "cpu", training=True) == torch.float32
 
 
 def test_the_dtype_auto_chose_is_kept_with_the_run_and_resumed(data_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(device, "bf16_is_faster", lambda device_type: True)
+    monkeypatch.setattr(device, "cpu_has_bf16", lambda: True)
     assert run_train(data_dir, tmp_path, "--max_iters=4", "--eval_interval=2", "--dtype=auto") == 0
-    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]["dtype"] == "bfloat16"
-    monkeypatch.setattr(device, "bf16_is_faster", lambda device_type: False)  # another machine, or a noisy moment
+    assert files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]["dtype"] == "bfloat16"
+    monkeypatch.setattr(device, "cpu_has_bf16", lambda: False)  # another machine
     assert run_train(data_dir, tmp_path, "--max_iters=6", "--init_from=resume") == 0
-    assert checkpoint.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]["dtype"] == "bfloat16"
+    assert files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]["dtype"] == "bfloat16"
 
 
 def test_bf16_training_on_a_cpu_evaluates_in_fp32(data_dir, tmp_path, monkeypatch):

@@ -2,5 +2,5 @@
 
 The story is in model.py, prepare.py, train.py and sample.py; this package holds the how.
 The other commands run from here: python -m tinygpt.score, python -m tinygpt.plot,
-python -m tinygpt.ladder.
+python bench/ladder.py.
 """

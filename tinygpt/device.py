@@ -1,41 +1,43 @@
-"""Where the code runs: the device, whether a model fits in its memory, the dtype,
-torch.compile, and the peak for MFU."""
+"""Where the work runs: the device, whether a model fits in its memory, the dtype, torch.compile, the
+peak for MFU; and the processes that share a run under torchrun, each on its own device.
+
+    torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_char.toml
+
+PyTorch's DistributedDataParallel averages the gradients; what else must be the same on every
+process (a plan, a decision to stop) is rank 0's, broadcast to all.
+"""
 
 import contextlib
 import dataclasses
-import functools
+import os
 import platform
 import re
 import shutil
-import time
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from config import UserError
 from model import GPT
-from tinygpt.system import memory_bytes
-from tinygpt.tokenizer import cpu_count
+from tinygpt.system import cpu_count, keep_freed_memory, memory_bytes
 
 # Dense bf16 tensor-core peaks, for MFU, by a pattern of torch.cuda.get_device_name(), the most specific first
 # ("NVIDIA H100 PCIe" is no SXM H100). A GPU not listed (an A10G, whose peak NVIDIA does not publish) gets no MFU.
 PEAK_FLOPS = [(r"H100.*PCIe", 756e12), (r"H100.*NVL", 835e12), (r"H100", 989e12), (r"H200.*NVL", 835e12),
               (r"H200", 989e12), (r"A100", 312e12), (r"\bA10\b", 125e12), (r"\bL40S\b", 362e12),
               (r"\bL4\b", 121e12), (r"RTX 4090", 165e12)]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def pick_device(name):
-    if name != "auto":
-        return name
-    if torch.cuda.is_available():
-        return "cuda"
-    if torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
-def check_device(name):
-    """name, if this machine has that device; else a UserError saying what to use."""
+def choose_device(name):
+    """The device name asks for, if this machine has it (auto: cuda, then mps, then cpu); else a UserError
+    saying what to use."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -49,6 +51,14 @@ def check_device(name):
     return name
 
 
+def padded_vocab_size(n, multiple=64):
+    """n rounded up to a multiple: GPU matmuls run faster on round sizes (50257 -> 50304)."""
+    return -(-n // multiple) * multiple
+
+
+# --- Memory -------------------------------------------------------------------------------------
+
+
 def memory_size(device):
     """(bytes, what) of the memory a model on device lives in: the GPU's free memory; on Apple Silicon (mps) the
     share of the memory it shares with the CPU that Metal lets the GPU use; else the machine's RAM,
@@ -59,7 +69,7 @@ def memory_size(device):
         return torch.mps.recommended_max_memory(), "the memory Metal lets mps use (shared with the CPU)"
     size = memory_bytes()
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        with contextlib.suppress(OSError, ValueError):  # "max" (no limit) is a ValueError
+        with contextlib.suppress(OSError, ValueError):  # "max": no limit
             limit = int(Path(limit_file).read_text(encoding="ascii"))
             size = limit if size is None else min(size, limit)
     return size, "this machine's memory"
@@ -94,31 +104,17 @@ def training_memory(mconf, batch_size, block_size, shrink=1):
 
 def memory_bound(mconf, batch_size, block_size, shrink=1):
     """At least what training_memory(mconf, batch_size, block_size) measures, from the config's numbers alone:
-    microseconds, where the measurement's first meta op imports torch's meta kernels and sympy (over a second)."""
-    C, V, T, tokens = mconf.n_embd, mconf.vocab_size, block_size, batch_size * block_size  # T queries, T keys
-    mixer, ln, ff, drop = mconf.mixer, mconf.layernorm, mconf.feedforward, mconf.dropout > 0
-    H = mconf.n_head if mixer == "multihead" else 1
-    attention = mixer in ("head", "multihead")
-    mixer_params = {"none": 0, "average": 0, "head": 3 * C * C + C, "multihead": 4 * C * C + 5 * C}[mixer]
-    layer_params = 4 * C * ln + mixer_params + (8 * C * C + 5 * C) * ff  # every bias and score vector counted
-    params = mconf.n_layer * layer_params + C * (V * (2 - mconf.tie_weights) + 2 * ln
-                                                 + mconf.block_size * (mconf.pos == "learned"))
-    buffers = mconf.block_size * C + C  # the sinusoidal table or rope's frequencies
-    # Kept for the backward pass, per token and layer, in fp32 rows of C: each LayerNorm's input (its mean
-    # and rstd: 8 bytes); c_attn's input, q, k, v (a view of v keeps all 3 rows of qkv) and c_proj's input,
-    # or a Head's x, q, k, v; the feed-forward's input and two 4C-wide ones (GELU's and c_proj's); dropout masks.
-    norms = (4 * C + 8) * ln * ((mixer != "none") + ff)
-    rows = {"none": 0, "average": 0, "head": 4, "multihead": 7 + drop}[mixer] + (9 + drop) * ff
-    # Each query's H x T attention weights; additive scores' (B, H, T, T, hs) tanh, where H * hs = C.
-    weights = 4 * H * T + 4 * T * C * (mconf.score == "additive")
-    per_layer = (tokens * (norms + 4 * C * rows + attention * weights)
-                 + 4 * T * T * (mixer != "none") + 8 * T * C * (mconf.pos == "rope"))  # a (T, T) mask; rope's cos, sin
-    # Once: the ids (int64) and positions; x, its dropout mask, ln_f's input, mean and rstd, lm_head's input;
-    # the log-softmax, and the logits' gradient that training_memory adds.
-    once = tokens * (8 + 4 * C * (2 + drop + ln) + 8 * ln + 8 * V) + 8 * T + 4
-    kept = 4 * params + once + mconf.n_layer * per_layer  # the weights too: the backward pass reads them
+    microseconds, where the measurement's first meta op imports torch's meta kernels and sympy (over a second).
+    Every block is counted as a full one (attention, feed-forward, LayerNorm): within 2x of the measurement
+    for a GPT, and higher for the ladder's first rungs, which are small."""
+    C, V, T, L, tokens = mconf.n_embd, mconf.vocab_size, block_size, mconf.n_layer, batch_size * block_size
+    params = L * (12 * C * C + 13 * C) + C * (2 * V + 2 + mconf.block_size)  # at most
+    # Kept for the backward pass, per token and layer: 26 fp32 rows of C (the LayerNorms' inputs, q, k, v, the
+    # feed-forward's 4C-wide ones, dropout masks), each head's T weights, and additive scores' tanh (T x C).
+    per_layer = tokens * 4 * (26 * C + 4 + mconf.n_head * T + T * C * (mconf.score == "additive")) + 12 * T * (T + C)
+    once = tokens * (16 + 20 * C + 8 * V) + 8 * T + 4  # ids, x, ln_f's, the logits and their gradient
     # 16 bytes a parameter (weight, gradient, AdamW's two moments); what torch 2.13 keeps and a quarter more.
-    return 16 * params + 4 * buffers + kept * 5 // 4 // shrink
+    return 16 * params + 4 * (mconf.block_size + 1) * C + (4 * params + once + L * per_layer) * 5 // 4 // shrink
 
 
 def check_model_fits(mconf, batch_size, block_size, device, dtype):
@@ -127,7 +123,7 @@ def check_model_fits(mconf, batch_size, block_size, device, dtype):
     shrink = 2 if dtype.itemsize < 4 else 1
     size, where = memory_size(device)
     if size is None or memory_bound(mconf, batch_size, block_size, shrink) <= size:
-        return  # fits for sure (no second spent measuring), or no size to hold it against
+        return  # fits for sure (no second spent measuring), or no size to say
     try:
         n_params, needed = training_memory(mconf, batch_size, block_size, shrink)
     except (RuntimeError, OverflowError) as e:  # sizes past what a tensor can have
@@ -143,75 +139,31 @@ def gigabytes(n):
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
 
 
+# --- Dtype, compile, MFU --------------------------------------------------------------------------
+
+
 def pick_dtype(name, device_type, training=False):
-    """The dtype of the matmuls. auto: bf16 on a CUDA GPU that has it (else fp16); on a CPU or Apple
-    Silicon (mps), fp32, except for training where bf16 matmuls are timed faster there (bf16_is_faster).
+    """The dtype of the matmuls. auto: bf16 on a CUDA GPU that has it (else fp16); on a CPU, bf16 for
+    training where it multiplies bf16 natively (cpu_has_bf16), else fp32, as on Apple Silicon (mps).
     Sampling stays fp32 off CUDA: one token at a time is too little work for bf16 to pay."""
-    if name == "auto":
-        if device_type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        faster = training and device_type in ("cpu", "mps") and bf16_is_faster(device_type)
-        return torch.bfloat16 if faster else torch.float32
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in dtypes:
-        raise UserError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
-    return dtypes[name]
+    if name != "auto":
+        return DTYPES[name]
+    if device_type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if training and device_type == "cpu" and cpu_has_bf16() else torch.float32
+
+
+def cpu_has_bf16():
+    """Whether this CPU multiplies bf16 matrices natively (avx512_bf16 or AMX, as torch reports them): there
+    a training step of the CPU presets takes about half as long in bf16; other CPUs emulate bf16, slower
+    than fp32. Read from the CPU, not timed, so that a busy machine never changes a run's numerics."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private: absent means no
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def autocast(device_type, dtype):
     """Mixed precision in dtype on device_type; for float32, nothing."""
     return contextlib.nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
-
-
-def training_autocasts(device_type, dtype):
-    """(the training steps' autocast, the evaluations'). On a CPU the evaluations run in fp32: exact,
-    and the figure python -m tinygpt.score gives for the same text."""
-    return autocast(device_type, dtype), autocast(device_type, torch.float32 if device_type == "cpu" else dtype)
-
-
-@functools.cache
-def bf16_is_faster(device_type="cpu", repeats=10):
-    """Whether this device multiplies bf16 matrices at least 1.25x as fast as fp32 ones, timed.
-
-    CPUs with native bf16 instructions (avx512_bf16, AMX) do it 2 to 3x as fast, which nearly
-    halves a training step of the CPU presets; most others emulate bf16 at half fp32's speed.
-    A measurement (a few ms) tells them apart where feature flags vary by vendor and version.
-    Apple Silicon's GPU (mps) is timed the same way, on larger matrices (its launches cost more);
-    where it has no bf16 (before macOS 14) the answer is no. Not yet run on a Mac here.
-    """
-    n, sync = (1024, torch.mps.synchronize) if device_type == "mps" else (256, lambda: None)
-
-    def best(dtype):
-        a, b = (torch.randn(n, n, dtype=dtype, device=device_type) for _ in range(2))
-        a @ b
-        sync()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            a @ b
-            sync()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    try:
-        return best(torch.float32) >= 1.25 * best(torch.bfloat16)
-    except (RuntimeError, TypeError):  # no bf16 matmul on this device
-        return False
-
-
-def peak_flops(device_type):
-    """The device's dense bf16 FLOP/s if it is a GPU we know, else None."""
-    if device_type != "cuda":
-        return None
-    name = torch.cuda.get_device_name()
-    return next((flops for pattern, flops in PEAK_FLOPS if re.search(pattern, name)), None)
-
-
-def mfu(flops_per_token, tokens_per_s, device_type, world=1):
-    """Model FLOPs utilization: the FLOP/s of training tokens_per_s (over every process) against the
-    peak of world GPUs; None off a GPU we know."""
-    peak = peak_flops(device_type)
-    return flops_per_token * tokens_per_s / (world * peak) if peak else None
 
 
 def maybe_compile(model, device_type):
@@ -231,13 +183,124 @@ def maybe_compile(model, device_type):
     return torch.compile(model)
 
 
+def peak_flops(device_type):
+    """The device's dense bf16 FLOP/s if it is a GPU we know, else None."""
+    if device_type != "cuda":
+        return None
+    name = torch.cuda.get_device_name()
+    return next((flops for pattern, flops in PEAK_FLOPS if re.search(pattern, name)), None)
+
+
+def train_flops_per_token(params, n_layer, n_embd, block_size):
+    """Forward and backward: 6 per weight a token passes through, plus attention over the context."""
+    return 6 * params + 12 * n_layer * n_embd * block_size
+
+
 def machine():
     """What a measurement ran on, in words: the processor, cores, accelerator and torch."""
     cpu = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError):
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return f"{cpu} ({cpu_count()} cores, {torch.get_num_threads()} torch threads){gpu}, torch {torch.__version__}"
+
+
+# --- Processes ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Processes:
+    """This process among those that train together: one alone, or one of torchrun's."""
+
+    rank: int  # this process's number, 0 to world - 1
+    world: int  # how many processes train together
+    device: str  # this process's device: cpu, cuda:N or mps
+
+    def __post_init__(self):
+        self.master, self.device_type = self.rank == 0, self.device.split(":")[0]  # rank 0 saves
+
+    def say(self, *args, **kwargs):
+        """print, from rank 0 alone: one line for the run, not one per process."""
+        if self.master:
+            print(*args, **kwargs)
+
+    def broadcast(self, numbers):
+        """Rank 0's numbers on every process, so that all make the same plan."""
+        return tuple(numbers) if self.world == 1 else self._collective(numbers, torch.float64, dist.broadcast, src=0)
+
+    def all_max(self, numbers):
+        """Each number's largest value over the processes, on every process: any one's stop request
+        (a signal's number), or trouble (a non-finite loss: 1), is every process's."""
+        op = dist.ReduceOp.MAX
+        return tuple(numbers) if self.world == 1 else self._collective(numbers, torch.int64, dist.all_reduce, op=op)
+
+    def _collective(self, numbers, dtype, collective, **kwargs):
+        t = torch.tensor(numbers, dtype=dtype, device=self.device)
+        collective(t, **kwargs)
+        return tuple(t.tolist())
+
+    def fail_together(self):
+        """A block that may end in a UserError on some processes and not others (rank 0 alone writes
+        to out_dir; a process's own device): afterwards every process learns whether any failed, and
+        then each raises a UserError, the first failing rank's message printed once, so all exit 2
+        rather than some waiting forever in a collective for the others. Alone, a plain block."""
+        return contextlib.nullcontext() if self.world == 1 else self._fail_together()
+
+    @contextlib.contextmanager
+    def _fail_together(self):
+        error = None
+        try:
+            yield
+        except UserError as e:
+            error = e
+        first = -self.all_max((-(self.rank if error is not None else self.world),))[0]  # the lowest failed
+        if first < self.world:
+            raise UserError(str(error) if first == self.rank else "", alone=first == self.rank) from None
+
+    def wrap(self, model):
+        """model under DDP when started by torchrun (even as one process), else model itself."""
+        gpu = [torch.device(self.device).index] if self.device_type == "cuda" else None
+        return DDP(model, device_ids=gpu) if dist.is_initialized() else model
+
+
+def start_processes(device_name):
+    """This process: alone, or (started by torchrun, which sets RANK) one of a process group, on
+    the GPU of its LOCAL_RANK, talking over NCCL (GPUs) or gloo (CPUs)."""
+    device = choose_device(device_name)
+    if device == "cpu":
+        keep_freed_memory()  # each step reuses the last one's memory
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.fp32_precision = "tf32"  # fp32 matmuls (--dtype=float32) on tensor cores
+        if "RANK" in os.environ:
+            device = f"cuda:{os.environ['LOCAL_RANK']}"  # torchrun's processes: one GPU each
+        elif device == "cuda":
+            device = f"cuda:{torch.cuda.current_device()}"  # set_device refuses a GPU without its number
+        torch.cuda.set_device(device)  # what follows (bf16 support, the GPU's name, pinned memory) reads this GPU
+    if "RANK" not in os.environ:
+        return Processes(0, 1, device)
+    cuda = device.startswith("cuda")
+    dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=torch.device(device) if cuda else None)
+    return Processes(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
+
+
+def end_processes(finished):
+    """Leaves the process group, if there is one. finished: every process reached the end, and
+    waits there for the others first (gloo can abort a process whose peer is already gone)."""
+    if dist.is_initialized():
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def exit_process(code):
+    """sys.exit(code), or under torchrun os._exit(code) once the output is out: Python's final clean-up
+    can free a tensor that gloo's worker thread is still letting go of, and the thread, which then needs
+    Python's lock, aborts the process ("terminate called without an active exception": exit -6 in 2 of
+    24 two-process tests here). Every file is written and closed before this."""
+    if "RANK" not in os.environ:
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed stdout: nothing more to say
+            stream.flush()
+    os._exit(code)

@@ -4,6 +4,13 @@
     append_line     a line added whole: on failure the file is cut back to where it was
     staging_dir     a new directory beside another, to build its next version in
     swap_in         that version put in the other's place whole, in one step
+    RunLock         a run's out_dir, one run at a time
+    append_record   a record added whole to out_dir/log.jsonl; start_log cuts it back on resume
+    load_checkpoint a checkpoint read without running code; checkpoint_to_resume, a run's own
+
+A checkpoint is a dict of tensors and plain data (numbers, strings, lists, dicts), saved with
+torch.save (train.py) and loaded with weights_only=True, which refuses anything else: a file that
+would run code when unpickled is rejected, not executed.
 
 Each raises the OSError that stopped it, after undoing its own partial work, so the
 caller can say what failed (a full disk, no permission) and what was kept.
@@ -12,10 +19,15 @@ caller can say what failed (a full disk, no permission) and what was kept.
 import contextlib
 import errno
 import glob
+import json
 import os
 import shutil
 from pathlib import Path
 
+import filelock
+import torch
+
+from config import UserError
 from tinygpt.system import exchange, process_alive, sync_directory
 
 
@@ -42,7 +54,6 @@ def write_atomic(path, content):
     open binary file (torch.save, savefig). It goes to path.tmp, which is fsynced and then
     renamed over path; on any failure (a full disk, Ctrl-C) path.tmp is removed and path
     is as it was."""
-    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
@@ -66,7 +77,7 @@ def append_line(path, line):
     """Appends line (a str without its newline) to path, whole: if the write fails part
     way, the file is cut back to its size before, so no reader ever sees half a line."""
     data = memoryview((line + "\n").encode("utf-8"))
-    with open(path, "ab", buffering=0) as f:  # unbuffered: nothing is left to be written at close
+    with open(path, "ab", buffering=0) as f:  # nothing left to write at close
         size = f.seek(0, os.SEEK_END)
         try:
             while data:
@@ -76,12 +87,20 @@ def append_line(path, line):
             raise
 
 
-def version(path):
-    """What tells one version of a file from the next (write_atomic makes a new inode), or None."""
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        st = os.stat(path)
-        return st.st_ino, st.st_mtime_ns, st.st_size
-    return None
+def load_tensors(path, what, damaged, unsafe, device="cpu"):
+    """torch.load(path, weights_only=True): tensors and plain data, never code. A UserError for a file that
+    holds other objects (which unpickling would run: the fix `unsafe` says), or that is no whole torch.save
+    zip archive (`what` it should be, and the fix `damaged` says)."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # torch raises many types for a bad file
+        with open(path, "rb") as f:
+            zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+        if zipped and type(e).__name__ == "UnpicklingError":  # weights_only met something other than plain data
+            raise UserError(f"{path} holds objects other than tensors and plain data, which could run code when "
+                            f"loaded; refused. {unsafe}") from None
+        problem = "is truncated or damaged" if zipped else f"is not {what} (torch.save writes a zip archive)"
+        raise UserError(f"{path} {problem}; {damaged}") from None
 
 
 def write_error(path, e):
@@ -167,3 +186,119 @@ def link_tree(src, dst, skip=()):
                 shutil.copy2(entry.path, to)
         else:
             raise OSError(errno.EINVAL, "not a file, folder or link; move it out first", entry.path)
+
+
+# --- A run's out_dir ------------------------------------------------------------------------------
+
+
+class RunLock:
+    """out_dir/lock, held by the run writing into out_dir from acquire() to release(): filelock's lock
+    (flock, or msvcrt on Windows), which the system lets go of when its process dies, however it dies,
+    so a killed run's lock is simply taken over."""
+
+    def __init__(self, out_dir):
+        self.out_dir, self.made = Path(out_dir), False
+        self.lock = filelock.FileLock(self.out_dir / "lock")
+
+    def acquire(self):
+        """Takes the lock, or raises a UserError saying another run holds it; then removes what a run killed
+        while saving left half-written, which is ours to remove once the lock is."""
+        try:
+            self.made = not self.out_dir.exists()
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire(timeout=0)
+        except filelock.Timeout:
+            raise UserError(f"{self.out_dir} is in use by another run; wait for it to end, or pick another "
+                            "--out_dir") from None
+        except OSError as e:
+            raise UserError(f"cannot write to out_dir {self.out_dir} ({e.strerror}); pick another --out_dir") from None
+        for name in LEFT_BY_A_KILL:
+            (self.out_dir / name).unlink(missing_ok=True)
+
+    def release(self):
+        """Lets go of the lock; an out_dir that acquire made and the run left empty goes with it."""
+        if self.lock.is_locked:
+            self.lock.release()
+            if self.made and os.listdir(self.out_dir) == ["lock"]:  # the run wrote nothing
+                shutil.rmtree(self.out_dir, ignore_errors=True)
+
+
+def append_record(out_dir, record):
+    """Adds one record to out_dir/log.jsonl, whole; a failed write (a full disk) is a UserError."""
+    path = Path(out_dir) / "log.jsonl"
+    try:
+        append_line(path, json.dumps(record))
+    except OSError as e:
+        kept = "the last checkpoint is kept" if (Path(out_dir) / "ckpt.pt").exists() else "nothing was saved"
+        raise UserError(f"{write_error(path, e)}; {kept} and the log is whole: free some space and continue "
+                        "with --init_from=resume") from None
+
+
+def start_log(out_dir, start_iter):
+    """Cuts log.jsonl back to start_iter's records (to nothing for a new run), so a resumed run's log
+    reads like an uninterrupted one."""
+    path = Path(out_dir) / "log.jsonl"
+    kept = records_through(path, start_iter) if start_iter and path.exists() else []
+    try:
+        write_atomic(path, "".join(line + "\n" for line in kept).encode("utf-8"))
+    except OSError as e:
+        raise UserError(f"{write_error(path, e)}; nothing was changed: free some space, or pick another --out_dir") \
+            from None
+
+
+def records_through(path, it):
+    """The lines of the log at path up to iteration it; a last line that a kill cut short is dropped."""
+    lines, kept = path.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n"), []
+    for n, line in enumerate(lines, 1):
+        try:
+            if json.loads(line)["iter"] <= it:
+                kept.append(line)
+        except (ValueError, TypeError, KeyError):
+            if n < len(lines):  # not the last line, which a kill may have cut short
+                raise UserError(f"{path} line {n} is not a log record; delete that line and resume again") from None
+    return kept
+
+
+# --- Checkpoints ------------------------------------------------------------------------------------
+
+CHECKPOINT_FORMAT = 1
+
+
+
+def checkpoint_path(out_dir, name=""):
+    """out_dir/name; with no name, the run's best model: best.pt (the lowest val loss) when it
+    exists, else ckpt.pt (the latest step), which a run writes before any best.pt."""
+    out_dir = Path(out_dir)
+    if name:  # a name in out_dir, or a path to the file itself
+        return Path(name) if Path(name).parent != Path(".") and Path(name).is_file() else out_dir / name
+    return out_dir / "best.pt" if (out_dir / "best.pt").is_file() else out_dir / "ckpt.pt"
+
+
+def load_checkpoint(path, device="cpu"):
+    """A checkpoint's dict: tensors and plain data, never code."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} not found; train one first: python train.py config/NAME.toml")
+    other = {"best.pt": "ckpt.pt", "ckpt.pt": "best.pt"}.get(path.name)
+    instead = f"use {path.with_name(other)} if it is there, or retrain" if other else "retrain"
+    ckpt = load_tensors(path, "a checkpoint", instead, "Load only checkpoints written by train.py", device)
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+        raise UserError(f"{path} is not a checkpoint written by train.py")
+    if "meta" not in ckpt:
+        raise UserError(f"{path} holds no tokenizer (meta); it was not written by this train.py")
+    if ckpt.get("format", 0) > CHECKPOINT_FORMAT:
+        raise UserError(f"{path} has checkpoint format {ckpt['format']}, newer than this code "
+                        f"({CHECKPOINT_FORMAT}); update the code to read it")
+    return ckpt
+LEFT_BY_A_KILL = ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp")  # half-written by a run killed while saving
+
+
+def checkpoint_to_resume(path, cfg, device):
+    """The checkpoint at path that a run (a train.TrainConfig) resumes from, --init_from=resume; None for a
+    new run, which must not replace one already there unless told to (--overwrite)."""
+    if cfg.init_from == "resume":
+        return load_checkpoint(path, device)
+    if path.exists() and not cfg.overwrite:
+        raise UserError(f"{path} exists; continue it with --init_from=resume, start over with --overwrite=true, "
+                        "or pick another --out_dir")
+    return None

@@ -20,7 +20,8 @@ import torch
 
 from config import UserError
 from model import GPT, GPTConfig
-from tinygpt.settings import padded_vocab_size
+from tinygpt.device import padded_vocab_size
+from tinygpt.files import load_tensors
 from tinygpt.tokenizer import load_encoding
 
 SIZES = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1.5B"}  # parameters
@@ -98,13 +99,7 @@ def read_weights(directory):
     if not path.is_file():
         raise UserError(f"{directory} has neither model.safetensors nor pytorch_model.bin (sharded weights "
                         "are not supported); download the model again")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for a bad file
-        if type(e).__name__ == "UnpicklingError":
-            raise UserError(f"{path} holds objects other than tensors, which could run code when loaded; refused. "
-                            "Use a model.safetensors") from None
-        raise UserError(f"{path} is not a readable weights file; download it again") from None
+    return load_tensors(path, "a weights file", "download the model again", "Use a model.safetensors")
 
 
 # --- Mapping GPT-2 onto model.GPT ---------------------------------------------------------------

@@ -1,63 +1,16 @@
-"""The optimizers train.py can use: AdamW for everything, or Muon for the matrices
-inside the blocks and AdamW for the rest.
+"""Muon, the optimizer of the fast recipe for the matrices inside the blocks (train.py gives AdamW the rest).
 
-Muon (https://kellerjordan.github.io/posts/muon/) takes the momentum of a weight
-matrix's gradient and replaces it by the nearest matrix whose singular values are
-all about 1, so every direction of the update moves at the same rate instead of
-a few large directions dominating. That suits the square-ish maps between hidden
-vectors inside the blocks; embeddings and the output head are per-token lookups,
-and gains and biases are not matrices, so those stay with AdamW.
+Muon (https://kellerjordan.github.io/posts/muon/) takes the momentum of a weight matrix's gradient
+and replaces it by the nearest matrix whose singular values are all about 1, so every direction of
+the update moves at the same rate instead of a few large directions dominating. That suits the
+square-ish maps between hidden vectors inside the blocks; embeddings and the output head are
+per-token lookups, and gains and biases are not matrices, so those stay with AdamW.
 """
 
 import math
 from collections import defaultdict
 
 import torch
-
-from config import UserError
-
-
-def adamw_groups(params, weight_decay):
-    """Decay every matrix, embeddings included: with tied weights the token embedding
-    is also the output head, and exempting it would exempt the largest matrix.
-    Biases and LayerNorm gains are not decayed: they set scales and offsets."""
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-
-
-def configure_optimizer(model, cfg, device_type):
-    """train.py's optimizer for cfg: AdamW for everything, or Muon for the block
-    matrices and AdamW for the rest. A group's lr_scale multiplies the schedule's
-    learning rate, so both warm up and decay together, each from its own peak."""
-    if cfg.optimizer not in ("adamw", "muon"):
-        raise UserError(f"optimizer must be adamw or muon, got {cfg.optimizer!r}")
-    if cfg.optimizer == "adamw":
-        matrices, rest = [], [p for p in model.parameters() if p.requires_grad]
-    else:
-        matrices, rest = split_for_muon(model)
-    # The fused kernel updates every tensor in one pass: on a CPU a third of the time of the
-    # default per-tensor loop (0.9 against 3.0 ms a step for 26 matrices of 128 x 384).
-    adamw = torch.optim.AdamW(adamw_groups(rest, cfg.weight_decay), lr=cfg.learning_rate,
-                              betas=(cfg.beta1, cfg.beta2), fused=device_type in ("cuda", "cpu"))
-    if cfg.optimizer == "adamw":
-        return adamw
-    # torch's Muon orthogonalizes in bf16: fast on a GPU, slow on a CPU (see Float32Muon).
-    muon_class = torch.optim.Muon if device_type == "cuda" else Float32Muon
-    muon = muon_class([{"params": matrices, "lr_scale": cfg.muon_lr / cfg.learning_rate}], lr=cfg.muon_lr,
-                      weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, nesterov=True,
-                      ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw")
-    return Optimizers(adamw, muon)
-
-
-def split_for_muon(model):
-    """(matrices, rest): the 2-D weights inside the blocks, and everything else."""
-    matrices, rest = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (matrices if name.startswith("blocks.") and p.dim() == 2 else rest).append(p)
-    return matrices, rest
 
 
 def orthogonalize(G, coefficients=(3.4445, -4.7750, 2.0315), steps=5, eps=1e-7):
@@ -88,15 +41,15 @@ def orthogonalize(G, coefficients=(3.4445, -4.7750, 2.0315), steps=5, eps=1e-7):
     return X.mT if tall else X
 
 
-class Float32Muon(torch.optim.Muon):
-    """torch.optim.Muon with its Newton-Schulz iteration in float32, one batched
-    iteration per shape of matrix.
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon with its Newton-Schulz iteration in float32 (TF32 on a GPU), all the matrices
+    of one shape in one batched iteration, on every device.
 
-    torch's runs in bfloat16: right on a GPU, slow on a CPU. Without native bf16
-    matmuls it takes ~15x as long as float32 (938 against 42 ms a step on a 2-core
-    CPU); even with avx512_bf16 it took 1.7x. Same hyperparameters, same state (a
-    momentum buffer per matrix) and the same update to within bf16 precision:
-    tests/test_optim.py checks it.
+    torch's iterates one matrix at a time in bfloat16: on a GPU one launch after another (the fast
+    preset's step took 2x the reference's on an H200), on a CPU slow (~15x float32's time without
+    native bf16 matmuls, 1.7x with them). The Gram form of orthogonalize needs float32's precision:
+    in bfloat16 a square matrix's update came out 13% off. Same hyperparameters, same state (a
+    momentum buffer per matrix) and the same update to within bf16 precision: tests/test_optim.py.
     """
 
     @torch.no_grad()
@@ -123,6 +76,14 @@ class Float32Muon(torch.optim.Muon):
                 for p, update in zip(params, ortho):
                     p.mul_(1 - lr * group["weight_decay"])
                     p.add_(update.to(p.dtype), alpha=-lr * scale)
+
+
+def muon(matrices, cfg):
+    """Muon for matrices, with train.py's settings cfg. Its group's lr_scale multiplies the schedule's
+    learning rate, so that Muon and AdamW warm up and decay together, each from its own peak."""
+    return Muon([{"params": matrices, "lr_scale": cfg.muon_lr / cfg.learning_rate}], lr=cfg.muon_lr,
+                weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, nesterov=True,
+                ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw")
 
 
 class Optimizers:

@@ -14,7 +14,7 @@ attention  for a prompt, the attention weights of every layer (rows) and head
 Needs matplotlib (pip install matplotlib); it writes files and never opens a window.
 """
 
-import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
+from tinygpt import system# first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import json
 import sys
 from dataclasses import dataclass
@@ -22,10 +22,9 @@ from pathlib import Path
 
 import torch
 
-from config import UserError, cli, help_text, load_config, option
+from config import UserError, help_text, load_config, option
 from model import CausalAverage, MultiHeadAttention, tril_mask
-from tinygpt.checkpoint import checkpoint_path
-from tinygpt.files import write_atomic, write_error
+from tinygpt.files import checkpoint_path, write_atomic, write_error
 from tinygpt.weights import model_from_checkpoint
 
 SHORT = 48  # prompts up to this many tokens get their characters as tick labels
@@ -293,7 +292,7 @@ def name_positionals(args, field):
     return named
 
 
-@cli
+@system.cli
 def main(argv):
     if not argv:
         raise UserError("name what to draw: python -m tinygpt.plot losses OUT_DIR ..., or python -m tinygpt.plot "

@@ -13,16 +13,16 @@ The first token has no context and is not scored; bits per character count the
 characters of the tokens scored.
 """
 
-import tinygpt.terminal  # noqa: F401  first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
+from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import math
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from config import UserError, cli, load_config, option
+from config import UserError, load_config, option
 from tinygpt.dataset import mean_loss
-from tinygpt.device import autocast, check_device, pick_device, pick_dtype
+from tinygpt.device import autocast, choose_device, pick_dtype
 from tinygpt.prompts import drop_unknown, read_text
 from tinygpt.weights import load_model
 
@@ -43,12 +43,12 @@ class ScoreConfig:
                         choices=("auto", "float32", "bfloat16", "float16"))
 
 
-@cli
+@system.cli
 def main(argv):
     cfg = load_config(ScoreConfig, argv, "-m tinygpt.score", __doc__.strip().splitlines()[0])
     if not cfg.input:
         raise UserError("no text to score: pass --input=FILE")
-    device = check_device(pick_device(cfg.device))
+    device = choose_device(cfg.device)
     device_type = torch.device(device).type
     dtype = pick_dtype(cfg.dtype, device_type)
     text = read_text(cfg.input, "--input")

@@ -1,144 +1,166 @@
-"""What differs between Linux, macOS and Windows, in one place, so the rest reads the same everywhere.
+"""Where a script meets its operating system, and what differs between Linux, macOS and Windows.
 
-    FileLock           one process at a time: flock (Linux, macOS), msvcrt (Windows), or else a lock
-                       file holding its owner's pid, taken over once that process is gone
+    cli                main(argv) -> exit code: a UserError one `error:` line and exit 2, Ctrl-C exit 130;
+                       a closed or full stdout or stderr stops the printing, not the work
+    Stop               SIGINT, SIGTERM, SIGHUP (where there is one) as a flag the training loop reads
     process_alive      whether a pid runs, asked without a signal (on Windows os.kill(pid, 0) ends it)
-    stop_signals       the signals that ask a run to stop: SIGINT, SIGTERM, and SIGHUP where there is one
     memory_bytes       the machine's physical memory
-    sync_directory     a rename made durable (fsync of its directory; Windows has none to make)
-    exchange           two directories swapped in one step (Linux's renameat2), else False
     keep_freed_memory  glibc's malloc asked to keep freed memory for the next step (Linux)
     process_age        seconds since this process started (Linux reads /proc; elsewhere since import)
-    peak_rss           the most memory this process has held
+    sync_directory     a rename made durable (fsync of its directory; Windows has none to make)
+    exchange           two directories swapped in one step (Linux's renameat2), else False
+
+Importing this module first (every script does) makes Ctrl-C while torch loads (it takes seconds)
+end the script with one line, not a traceback through the import machinery: only a script of this
+repository (or python -m tinygpt.X), and only until its main() starts, where cli puts Python's own
+handler back. A test or program that imports a script keeps its own Ctrl-C.
 """
 
 import contextlib
 import ctypes
 import errno
+import io
 import os
 import platform
 import signal
 import sys
 import time
-from pathlib import Path
 
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None
-try:
-    import msvcrt
-except ImportError:  # everywhere but Windows
-    msvcrt = None
+from config import UserError
 
 WINDOWS = sys.platform == "win32"
 LINUX = sys.platform.startswith("linux")
-LOCKS = ("flock", "msvcrt", "pidfile")
 _IMPORTED = time.time()
 
 
-# --- Locks and processes -------------------------------------------------------------------------
+# --- Ctrl-C, other signals, and the exit code ------------------------------------------------------
 
 
-class FileLock:
-    """An exclusive lock on the file at path, held from acquire() to release(), whose file holds its
-    owner's pid (holder()). flock and msvcrt locks are let go by the system when their process dies,
-    however it dies. A pidfile lock is the file itself, created only if absent; one whose pid no longer
-    runs is removed and taken (two runs doing so at the same moment could both win: it is the last resort)."""
+def interrupted(signum, frame):
+    try:
+        os.write(2, b"interrupted\n")
+    finally:
+        os._exit(130)  # nothing has been written yet: there is nothing to clean up
 
-    MSVCRT_BYTE = 1 << 30  # msvcrt locks bytes against reading too: this one, past the pid, is the lock
 
-    def __init__(self, path, kind=None):
-        self.path, self.fd = Path(path), None
-        self.kind = kind or ("flock" if fcntl else "msvcrt" if msvcrt else "pidfile")
+_script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+_package = os.path.dirname(os.path.abspath(__file__))
+if os.path.dirname(os.path.abspath(_script)) in (_package, os.path.dirname(_package)):  # ours, or python -m tinygpt.X
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with Ctrl-C ignored
+        signal.signal(signal.SIGINT, interrupted)
 
-    def acquire(self):
-        """True once held; False if another process holds it. An OSError if the file cannot be made."""
-        if self.kind == "pidfile":
-            return self._create()
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if not self._lock(fd):
-            os.close(fd)
-            return False
-        self.fd = fd
-        with contextlib.suppress(OSError):  # the pid is for messages: a full disk must not stop the run
-            os.ftruncate(fd, 0)
-            os.lseek(fd, 0, os.SEEK_SET)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        return True
 
-    def held_elsewhere(self):
-        """Whether another process holds the lock now; reads, and writes nothing."""
-        if self.kind == "pidfile":
-            pid = self.holder()
-            return pid.isdigit() and int(pid) != os.getpid() and process_alive(int(pid))
+def cli(main):
+    """Wraps main(argv) -> exit code: a UserError becomes one line and exit 2, Ctrl-C one line and exit
+    130, and a closed stdout or stderr stops the printing, not the work (Guarded, while main runs)."""
+
+    def wrapper(argv=None):
+        if signal.getsignal(signal.SIGINT) is interrupted:  # now a KeyboardInterrupt
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = Guarded(sys.stdout), Guarded(sys.stderr)
         try:
-            fd = os.open(self.path, os.O_RDWR if self.kind == "msvcrt" else os.O_RDONLY)
-        except OSError:  # no lock file, no run
-            return False
-        try:
-            held = not self._lock(fd, shared=True)
-            if not held and self.kind == "msvcrt":
-                msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-            return held
+            return main(sys.argv[1:] if argv is None else list(argv)) or 0
+        except SystemExit as e:  # --help: printed, and done
+            return e.code or 0
+        except UserError as e:
+            if str(e) and (e.alone or os.environ.get("RANK", "0") == "0"):
+                print(f"error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
         finally:
-            os.close(fd)
+            sys.stdout.flush()  # while still guarded: the pipe may be gone
+            sys.stderr.flush()
+            sys.stdout, sys.stderr = saved
 
-    def holder(self):
-        """The pid written in the lock file, as text; "" if there is none to read."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return ""
-        try:
-            return os.read(fd, 32).decode("ascii", "replace").strip()
-        except OSError:
-            return ""
-        finally:
-            os.close(fd)
+    return wrapper
 
-    def release(self):
-        if self.fd is None:
+
+def signal_name(signum):
+    return signal.Signals(signum).name  # SIGTERM
+
+
+def stop_signals():
+    """SIGINT (Ctrl-C), SIGTERM, and SIGHUP (a closed terminal) where the system has it (not Windows)."""
+    return tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class Stop:
+    """While active, the stop signals ask the run to stop, and a second one ends it at once. Before the loop
+    (`looping` False) one ends the script as Ctrl-C does: one line, cleanups run (out_dir's lock is let go),
+    exit 128 + the signal. In the loop it sets `signum`: the loop finishes its step, saves, and exits so."""
+
+    def __enter__(self):
+        self.signum, self.looping = None, False
+        self.previous = {s: signal.signal(s, self.handle) for s in stop_signals()}
+        return self
+
+    def handle(self, signum, frame):
+        if self.looping and self.signum is None:
+            self.signum = signum
             return
-        if self.kind == "pidfile":
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-        elif self.kind == "msvcrt":
-            with contextlib.suppress(OSError):
-                os.lseek(self.fd, self.MSVCRT_BYTE, os.SEEK_SET)
-                msvcrt.locking(self.fd, msvcrt.LK_UNLCK, 1)
-        os.close(self.fd)  # closing also lets go of an flock
-        self.fd = None
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every process gets it: one line
+            when = "again" if self.looping else "while starting, before its first step"
+            print(f"stopped by {signal_name(signum)} {when}", file=sys.stderr)
+        raise SystemExit(128 + signum)
 
-    def _lock(self, fd, shared=False):
-        """Locks the open file fd without waiting; False if another process holds it."""
-        if self.kind == "flock":
-            try:
-                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            return True
-        os.lseek(fd, self.MSVCRT_BYTE, os.SEEK_SET)  # msvcrt locks at the file's position
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+# --- Output streams -----------------------------------------------------------------------------
+
+
+class Guarded:
+    """A text stream that swallows its own write errors: `train.py ... | head -1` closes the pipe after
+    one line, a hangup closes the terminal, stdout may be a file on a full disk, and each would raise on
+    the next print and kill a run that has nothing wrong with it. The first failed write points the
+    stream's file descriptor at /dev/null (`lost`), so Python's own flush at exit finds nothing to say."""
+
+    def __init__(self, stream):
+        self.stream, self.lost = stream, False
+
+    def write(self, text):
         try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        except OSError:
-            return False
-        return True
+            return len(text) if self.lost else self.stream.write(text)
+        except UnicodeEncodeError:  # a file name that is not valid UTF-8, say: escaped, not fatal
+            encoding = getattr(self.stream, "encoding", None) or "utf-8"
+            return self.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
+        except (OSError, ValueError):  # ValueError: the stream was closed under us
+            self.lose()
+            return len(text)
 
-    def _create(self):
-        for _ in range(2):  # once, and once more after taking a dead owner's file away
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                if self.held_elsewhere():
-                    return False
-                with contextlib.suppress(FileNotFoundError):
-                    self.path.unlink()  # its owner is gone
-                continue
-            self.fd = fd
-            os.write(fd, f"{os.getpid()}\n".encode())
-            return True
-        return False
+    def flush(self):
+        try:
+            return None if self.lost else self.stream.flush()
+        except (OSError, ValueError):
+            self.lose()
+
+    def lose(self):
+        self.lost = True
+        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())  # what is still buffered now goes nowhere, without an error
+            os.close(devnull)
+
+    def __getattr__(self, name):  # isatty, fileno, encoding, ... as the stream has them
+        return getattr(self.stream, name)
+
+
+def stdout_lost():
+    """Whether stdout has failed: for a script whose output is the point (sample.py) to stop."""
+    return getattr(sys.stdout, "lost", False)
+
+
+# --- Processes and memory -------------------------------------------------------------------------
+
+
+def cpu_count():
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def process_alive(pid):
@@ -166,14 +188,6 @@ def _windows_process_alive(pid):
         kernel32.CloseHandle(handle)
 
 
-def stop_signals():
-    """SIGINT (Ctrl-C), SIGTERM, and SIGHUP (a closed terminal) where the system has it (not Windows)."""
-    return tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
-
-
-# --- Memory -------------------------------------------------------------------------------------
-
-
 def memory_bytes():
     """The machine's physical memory in bytes, or None where it cannot be read."""
     if WINDOWS:
@@ -194,21 +208,15 @@ def _windows_memory_bytes():
 
 
 def keep_freed_memory(mmap_threshold=32 << 20, trim_threshold=1 << 30):
-    """Tells glibc's malloc to keep freed memory for the next allocation instead of handing it
-    back to the system. Returns whether it could (False off glibc: nothing to do).
-
-    A CPU training step frees and reallocates the same activations every step. By default glibc
-    gives large freed blocks back (munmap, or trimming the heap), and the next step faults each
-    page in again, zeroed by the kernel: a mul after a 1536 x 512 matmul took 400 us where 90 were
-    the arithmetic, and the classic preset's step 10% longer. Allocations up to mmap_threshold
-    now come from the heap, which is trimmed only past trim_threshold of free memory at its top:
-    the process keeps its peak, as it would hold it during the steps anyway.
-    """
+    """Tells glibc's malloc to keep freed memory for the next allocation instead of handing it back to
+    the system; False off glibc. A CPU step frees and allocates the same activations every step, and by
+    default glibc gives large freed blocks back, so the next step faults each page in again, zeroed by
+    the kernel: the classic preset's step took 10% longer (docs/results.md)."""
     if not LINUX or platform.libc_ver()[0] != "glibc":
         return False
-    libc = ctypes.CDLL(None)
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>; either one also stops glibc's own adjusting
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold) and libc.mallopt(M_TRIM_THRESHOLD, trim_threshold))
+    # M_MMAP_THRESHOLD is -3, M_TRIM_THRESHOLD -1 (<malloc.h>); either one also stops glibc's own adjusting.
+    mallopt = ctypes.CDLL(None).mallopt
+    return bool(mallopt(-3, mmap_threshold) and mallopt(-1, trim_threshold))
 
 
 def peak_rss():
@@ -236,9 +244,6 @@ def process_age():
 
 # --- Directories ------------------------------------------------------------------------------------
 
-_RENAME_EXCHANGE = 2  # linux/fs.h
-_AT_FDCWD = -100
-
 
 def sync_directory(path):
     """Makes a rename or a new name in directory path durable (a power cut keeps it). Windows opens
@@ -262,7 +267,8 @@ def exchange(a, b):
     except (OSError, AttributeError, TypeError):  # a C library older than glibc 2.28, or none to ask
         return False
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # the kernel or the file system lacks it

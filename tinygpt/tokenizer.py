@@ -9,9 +9,8 @@ Both turn text into ids (`encode`, `encode_array` for long texts) and back
 """
 
 import difflib
-import os
+import itertools
 import re
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tiktoken
@@ -115,20 +114,13 @@ class TiktokenTokenizer:
         # Text that looks like a special token stays text: data cannot forge an end-of-text.
         return self.encoding.encode_ordinary(text)
 
-    def _encode_piece(self, text):
-        if hasattr(self.encoding, "encode_to_numpy"):  # tiktoken >= 0.8: no Python list in between
-            return self.encoding.encode_to_numpy(text, disallowed_special=())
-        return np.array(self.encoding.encode_ordinary(text), dtype=np.uint32)
-
     def encode_array(self, text, threads=1):
-        """encode() as a uint32 array; `threads` pieces, cut where the ids do not change,
-        are encoded at once (tiktoken releases the GIL)."""
+        """encode() as a uint32 array: `threads` pieces, cut where the ids do not change, encoded at once
+        by tiktoken's batch encoding (its threads release the GIL)."""
         bounds = [0] + [cut_point(text, len(text) * k // threads) for k in range(1, threads)] + [len(text)]
-        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
-        if len(pieces) < 2:
-            return self._encode_piece(text)
-        with ThreadPoolExecutor(len(pieces)) as pool:
-            return np.concatenate(list(pool.map(self._encode_piece, pieces)))
+        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+        ids = self.encoding.encode_ordinary_batch(pieces, num_threads=threads)
+        return np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32)
 
     def decode(self, ids):
         return self.encoding.decode([int(i) for i in ids])
@@ -151,8 +143,3 @@ def tokenizer_from_meta(meta):
                             f"data was prepared with {meta['vocab_size']}; prepare the data again")
         return tokenizer
     raise UserError(f"unknown tokenizer {meta.get('tokenizer')!r} in meta.json; prepare the data again")
-
-
-def cpu_count():
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

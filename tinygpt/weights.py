@@ -24,7 +24,7 @@ import torch
 from config import UserError
 from model import GPT, GPTConfig
 from tinygpt import gpt2
-from tinygpt.checkpoint import checkpoint_path, load_checkpoint
+from tinygpt.files import checkpoint_path, load_checkpoint
 from tinygpt.tokenizer import tokenizer_from_meta
 
 
@@ -43,8 +43,6 @@ def load_model(init_from, out_dir, checkpoint, device):
 def model_from_checkpoint(path, device):
     """(model in eval mode on device, tokenizer), both from one checkpoint file."""
     ckpt = load_checkpoint(path, "cpu")  # to the CPU first: only the weights need to go to the device
-    if "meta" not in ckpt:
-        raise UserError(f"{path} holds no tokenizer (meta); it was not written by this train.py")
     try:
         model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
         model.load_state_dict(ckpt["model"])
@@ -53,6 +51,49 @@ def model_from_checkpoint(path, device):
         raise UserError(f"{path} does not fit this version of model.py ({first_line}); "
                         "sample with the code that trained it, or retrain") from None
     return model.to(device).eval(), tokenizer_from_meta(ckpt["meta"])
+
+
+# --- Resuming -------------------------------------------------------------------------------------------
+
+
+def restore(ckpt, model, optimizer, scaler):
+    """model, optimizer and scaler as ckpt saved them (not yet compiled or wrapped); returns the run's
+    (iteration, best val loss, evaluations without a better one, the iteration evaluated or None)."""
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    if ckpt["scaler"]:  # empty where the run trained without fp16's scaling; a resume in fp16 starts it afresh
+        scaler.load_state_dict(ckpt["scaler"])
+    evaluated = ckpt["iter"] if ckpt["val_loss"] is not None else None  # None: saved on a signal, not evaluated
+    return ckpt["iter"], ckpt["best_val_loss"], ckpt.get("bad_evals", 0), evaluated
+
+
+def resumed_config(ckpt, cfg, sources, device_type):
+    """The settings the run started with, from its checkpoint, with what the command line (not a preset)
+    sets now laid over them: a resumed run keeps the choices made at its start (the model sized for the
+    data, the steps its time budget bought); except its dtype on another kind of device, picked again."""
+    if sources.get("max_time") == "command line":
+        raise UserError(f"--max_time={cfg.max_time} on a resumed run: it goes on with the steps its start planned; "
+                        "drop --max_time, or give --max_iters")
+    known = {f.name for f in dataclasses.fields(cfg)}
+    start = type(cfg)(**{k: v for k, v in ckpt["train_config"].items() if k in known})
+    now = {k: getattr(cfg, k) for k, where in sources.items() if where == "command line"}
+    now |= {"out_dir": cfg.out_dir, "init_from": "resume"}
+    if ckpt.get("device_type", device_type) != device_type and "dtype" not in sources:
+        now["dtype"] = "auto"
+    return dataclasses.replace(start, **now)
+
+
+def check_resumable(ckpt, mconf, meta, cfg):
+    """A UserError unless this run's model and tokenizer are the checkpoint's."""
+    path = checkpoint_path(cfg.out_dir, "ckpt.pt")
+    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):  # first: it sizes the model
+        raise UserError(f"cannot resume {path}: the data set changed, {cfg.data_dir}'s tokenizer is not the one it "
+                        "trained on; prepare the text it trained on again, or start a new run (--overwrite=true)")
+    then = {f.name: f.default for f in dataclasses.fields(mconf)} | ckpt["model_config"]  # older: the defaults
+    diff = {k: (v, then.get(k)) for k, v in dataclasses.asdict(mconf).items() if then.get(k) != v}
+    if diff:
+        raise UserError(f"cannot resume {path}: the model config differs (now, checkpoint): {diff}")
+
 
 
 # --- Fine-tuning --------------------------------------------------------------------------------------
@@ -84,8 +125,6 @@ def load_weights(init_from, out_dir):
     if path.resolve().parent == Path(out_dir).resolve():
         raise UserError(f"--out_dir={out_dir} holds {path}, which fine-tuning would overwrite; pick another --out_dir")
     ckpt = load_checkpoint(path)
-    if "meta" not in ckpt:
-        raise UserError(f"{path} holds no tokenizer (meta); it was not written by this train.py")
     return Weights(str(path), ckpt["model_config"], ckpt["model"], ckpt["meta"])
 
 
