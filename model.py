@@ -147,14 +147,14 @@ class MultiHeadAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.fused = config.fused_attention
         self.score_vector = score_vectors(config.n_head, config.head_size) if config.score == "additive" else None
-        self.keep_weights, self.weights = False, None  # keep_weights: written out, into self.weights
+        self.keep_weights, self.weights = False, None
 
     def forward(self, x, mask=None, rope=None, cache=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (B, H, T, hs)
-        if rope is not None:  # each position's angles: q·k then depends on the offset alone
+        if rope is not None:  # turned by position: q·k then depends on the offset alone
             q, k = rotate(q, rope), rotate(k, rope)
-        if cache is not None:  # KVCache.extend: after the keys and values of positions seen before
+        if cache is not None:  # after the keys and values of the positions before
             k, v = cache.extend(k, v)  # (B, H, S, hs)
         if self.fused and not self.keep_weights and self.score_vector is None:
             out = fused_attention(q, k, v, mask)  # (B, H, T, hs)
@@ -266,7 +266,14 @@ class GPT(nn.Module):
         For decoding: valid (B, T) marks the real tokens of left-padded prompts; cache, a KVCache, holds
         the keys and values of the positions before idx; last_only: the last position's logits (B, 1, V)
         alone, all that generation needs."""
-        pos, mask, rope = where_tokens_are(self, idx, valid, cache)  # and the keys each query sees
+        T = idx.size(1)
+        if valid is None and cache is None:  # training: a window from position 0
+            if T > self.config.block_size and self.config.pos != "rope":  # rope: offsets only
+                raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
+            pos, mask = torch.arange(T, device=idx.device), causal_mask(self.config, T, T, idx.device)
+        else:  # decoding: after the tokens in the cache, or left-padded prompts
+            pos, mask = where_tokens_are(self, idx, valid, cache)
+        rope = rope_tables(pos, self.rope_rates) if self.config.pos == "rope" else None
         x = self.wte(idx)  # (B, T, C)
         if self.config.pos == "learned":
             x = x + self.wpe(pos)  # (B, T, C): what the token is, and where
@@ -291,15 +298,14 @@ class GPT(nn.Module):
 
 
 def where_tokens_are(model, idx, valid=None, cache=None):
-    """(pos, mask, rope) for idx (B, T), the tokens after those in the cache: pos, each token's position,
-    (T,) or (B, T); mask, the keys each query may see, (T, S) or (B, 1, T, S), or None where that is
-    plainly causal; rope, the rotary angles (cos, sin) or None. valid (B, T) marks the real tokens of
-    left-padded prompts: each row's positions count from its first real token. The cache is a KVCache:
-    advance(valid, T) makes room for T new positions and returns the validity of all S they attend to
-    (None: no padding); len() is S; seen counts the positions ever added, dropped the real tokens that
-    a window has slid past (per row)."""
+    """(pos, mask) for decoding idx (B, T), the tokens after those in the cache: pos, each token's position,
+    (T,) or (B, T); mask, the keys each query may see, (T, S) or (B, 1, T, S), or None (causal_mask's).
+    valid (B, T) marks the real tokens of left-padded prompts: each row's positions count from its first
+    real token. The cache is a KVCache: advance(valid, T) makes room for T new positions and returns the
+    validity of all S they attend to (None: no padding); len() is S; seen counts the positions ever added,
+    dropped the real tokens that a window has slid past (per row)."""
     config, T, past = model.config, idx.size(1), 0 if cache is None else cache.seen
-    relative = config.pos == "rope"  # offsets only: past block_size too, and left-padding keeps them
+    relative = config.pos == "rope"  # offsets only: past block_size too
     if (past + T > config.block_size and not relative) or (cache is not None and T > config.block_size):
         raise ValueError(f"sequence of {past + T} tokens is longer than block_size {config.block_size}")
     all_valid = valid if cache is None else cache.advance(valid, T)  # (B, S), or None
@@ -307,13 +313,19 @@ def where_tokens_are(model, idx, valid=None, cache=None):
         pos = torch.arange(past, past + T, device=idx.device)  # (T,)
     else:  # from each row's first real token, and past those a window's cache slid by
         pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, -T:] + (0 if cache is None else cache.dropped)
-    mask = None if all_valid is None else padding_mask(all_valid, T)  # (B, 1, T, S)
-    S, span = (T if cache is None else len(cache)), config.window or config.block_size
-    if S > span:  # each query sees only its span newest keys
-        band = tril_mask(T, S, idx.device).triu(diagonal=S - T - span + 1)  # (T, S)
-        mask = band if mask is None else mask & band
-    rope = rope_tables(pos, model.rope_rates) if relative else None  # every head's angles
-    return pos, mask, rope
+    band = causal_mask(config, T, T if cache is None else len(cache), idx.device)  # (T, S), or None
+    if all_valid is None:
+        return pos, band
+    mask = padding_mask(all_valid, T)  # (B, 1, T, S)
+    return pos, mask if band is None else mask & band
+
+
+def causal_mask(config, T, S, device):
+    """(T, S) for the last T of S positions: each query sees the keys up to itself, at most its `window`
+    newest (block_size's, without a window). None where the fused kernel needs no mask: T == S within
+    the window (its is_causal), or one query, which sees every key."""
+    span = config.window or config.block_size
+    return tril_mask(T, S, device).triu(diagonal=S - T - span + 1) if S > span or T not in (1, S) else None
 
 
 def padding_mask(valid, T):
@@ -326,15 +338,13 @@ def padding_mask(valid, T):
 
 
 def fused_attention(q, k, v, mask=None):
-    """attention()'s output from PyTorch's fused kernel, which keeps no weights. On a CPU under
-    bf16 autocast it runs in fp32: its bf16 backward there takes ~5x as long as fp32's."""
-    T, S = q.size(-2), k.size(-2)
-    if mask is None and S != T and T > 1:  # is_causal is the square case; one query sees all
-        mask = tril_mask(T, S, q.device)
+    """attention()'s output from PyTorch's fused kernel, which keeps no weights; no mask: causal, or one
+    query that sees every key. On a CPU under bf16 autocast it runs in fp32: its bf16 backward there
+    takes ~5x as long as fp32's."""
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
             return fused_attention(q.float(), k.float(), v.float(), mask)
-    return F.scaled_dot_product_attention(q, k, v, mask, is_causal=mask is None and S == T)
+    return F.scaled_dot_product_attention(q, k, v, mask, is_causal=mask is None and q.size(-2) > 1)
 
 
 def additive_scores(q, k, score_vector):

@@ -55,7 +55,7 @@ class PrepareConfig:
 
 @system.cli
 def main(argv):
-    cfg = load_config(PrepareConfig, argv, "prepare.py", __doc__.strip().splitlines()[0])
+    cfg = load_config(PrepareConfig, argv, "prepare.py", __doc__)
     # A named BPE encoding may need a download: find out before any other work.
     tokenizer = None if cfg.tokenizer == "char" else TiktokenTokenizer(cfg.tokenizer)
     if cfg.input:

@@ -93,7 +93,7 @@ def print_samples(model, rows, cfg, tokenizer, generator):
 
 @system.cli
 def main(argv):
-    cfg = load_config(SampleConfig, argv, "sample.py", __doc__.strip().splitlines()[0])
+    cfg = load_config(SampleConfig, argv, "sample.py", __doc__)
     if cfg.start and cfg.prompts:
         raise UserError("--start and --prompts were both given; use one of them")
     if "" in cfg.stop:

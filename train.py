@@ -29,70 +29,70 @@ from tinygpt import budget, dataset, device, files, optim, weights
 # How often the processes under torchrun agree to stop (a signal to one, a non-finite loss on one): an
 # agreement after each step cost 3-7% of a CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py).
 AGREE_EVERY = 10
-OPTIMIZERS, DTYPES = ("adamw", "muon"), ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", *device.DTYPES)
 
 
 @dataclasses.dataclass
 class TrainConfig:
     # data and output
-    data_dir: str = option("data/shakespeare_char", "directory written by prepare.py")
-    out_dir: str = option("", "checkpoints and log.jsonl (empty: out/NAME for data/NAME)")
-    init_from: str = option("scratch", "scratch, resume (out_dir/ckpt.pt), a checkpoint, or gpt2[-xl] or its dir")
-    overwrite: bool = option(False, "replace a checkpoint already in out_dir")
+    data_dir: str = option("data/shakespeare_char", "what prepare.py wrote")
+    out_dir: str = option("", "checkpoints and log (empty: out/NAME for data/NAME)")
+    init_from: str = option("scratch", "scratch, resume, a checkpoint, or gpt2[-xl]")
+    overwrite: bool = option(False, "replace the checkpoint in out_dir")
     # model (GPTConfig in model.py)
     n_layer: int = option(6, "transformer blocks", low=0)
-    n_head: int = option(6, "attention heads per block", low=1)
-    n_embd: int = option(384, "width of the residual stream", low=1)
-    block_size: int = option(256, "context length in tokens", low=1)
+    n_head: int = option(6, "attention heads", low=1)
+    n_embd: int = option(384, "residual stream width", low=1)
+    block_size: int = option(256, "context length", low=1)
     dropout: float = option(0.2, "dropout probability", low=0, below=1)
-    bias: bool = option(False, "biases in Linear and LayerNorm layers")
-    mixer: str = option("multihead", "how positions communicate", choices=MIXERS)
-    feedforward: bool = option(True, "a per-position MLP in each block")
+    bias: bool = option(False, "biases in Linear and LayerNorm")
+    mixer: str = option("multihead", "how positions talk", choices=MIXERS)
+    feedforward: bool = option(True, "an MLP in each block")
     residual: bool = option(True, "residual connections")
     layernorm: bool = option(True, "pre-norm LayerNorm")
-    pos: str = option("learned", "position encoding (rope: rotary)", choices=POSITIONS)
-    tie_weights: bool = option(True, "the output head is the token embedding")
-    fused_attention: bool = option(True, "PyTorch's attention kernel (false: written out)")
+    pos: str = option("learned", "position encoding", choices=POSITIONS)
+    tie_weights: bool = option(True, "output head = token embedding")
+    fused_attention: bool = option(True, "PyTorch's attention kernel")
     gelu: str = option("exact", "GELU (tanh: GPT-2's)", choices=GELUS)
     score: str = option("dot", "how a query scores a key", choices=SCORES)
-    window: int = option(0, "keys each query sees, newest first (0: all)", low=0)
+    window: int = option(0, "keys each query sees (0: all)", low=0)
     # optimization
-    batch_size: int = option(64, "sequences per micro-batch and process", low=1)
+    batch_size: int = option(64, "sequences per micro-batch", low=1)
     grad_accum: int = option(1, "micro-batches per step", low=1)
     max_iters: int = option(5000, "optimizer steps", low=0)
-    learning_rate: float = option(1e-3, "peak learning rate, after warmup", above=0)
-    min_lr: float = option(1e-4, "learning rate at the end of the cosine decay", low=0)
-    warmup_iters: int = option(100, "steps of linear warmup", low=0)
-    lr_decay_iters: int = option(0, "step where the decay reaches min_lr (0: max_iters)", low=0)
-    weight_decay: float = option(0.1, "AdamW's, on matrices", low=0)
+    learning_rate: float = option(1e-3, "peak learning rate", above=0)
+    min_lr: float = option(1e-4, "final learning rate", low=0)
+    warmup_iters: int = option(100, "warmup steps", low=0)
+    lr_decay_iters: int = option(0, "decay steps (0: max_iters)", low=0)
+    weight_decay: float = option(0.1, "AdamW's weight decay", low=0)
     beta1: float = option(0.9, "AdamW's beta1", low=0, below=1)
     beta2: float = option(0.99, "AdamW's beta2", low=0, below=1)
-    grad_clip: float = option(1.0, "clip the gradient norm to this (0: no clipping)", low=0)
-    optimizer: str = option("adamw", "muon: Muon for the block matrices, AdamW for the rest", choices=OPTIMIZERS)
-    muon_lr: float = option(0.01, "Muon's peak learning rate", above=0)
-    muon_momentum: float = option(0.95, "Muon's Nesterov momentum", low=0, below=1)
-    muon_ns_steps: int = option(5, "Newton-Schulz steps per Muon update", low=1)
+    grad_clip: float = option(1.0, "gradient norm clip (0: none)", low=0)
+    optimizer: str = option("adamw", "muon: Muon for block matrices", choices=("adamw", "muon"))
+    muon_lr: float = option(0.01, "Muon's learning rate", above=0)
+    muon_momentum: float = option(0.95, "Muon's momentum", low=0, below=1)
+    muon_ns_steps: int = option(5, "Muon's Newton-Schulz steps", low=1)
     muon_weight_decay: float = option(0.0, "Muon's weight decay", low=0)
     # evaluation and logging
-    max_time: str = option("", f"a time to fit the steps to: 90s, 5m, 2h (empty: {budget.DEFAULT_BUDGET} if unset)")
-    patience: int = option(5, "stop after this many evaluations without a better val loss (0: never)", low=0)
-    eval_interval: int = option(250, "steps between evaluations and checkpoints", low=1)
-    eval_iters: int = option(200, "batches per loss estimate (0: the whole val split)", low=0)
-    log_interval: int = option(10, "steps between log lines", low=1)
+    max_time: str = option("", "a time to fit the run to: 90s, 5m, 2h")
+    patience: int = option(5, "evaluations with no better val loss, then stop (0: never)", low=0)
+    eval_interval: int = option(250, "steps between evaluations", low=1)
+    eval_iters: int = option(200, "batches per loss estimate (0: all of val)", low=0)
+    log_interval: int = option(10, "steps between log records", low=1)
     # system
-    device: str = option("auto", "auto (cuda, mps, cpu), cpu, cuda, cuda:1, mps")
-    dtype: str = option("auto", "auto: bf16 where the device has it, else fp16 on a GPU, fp32", choices=DTYPES)
+    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
+    dtype: str = option("auto", "auto: bf16 where fast, else fp16 on GPUs, fp32", choices=DTYPES)
     compile: bool = option(False, "torch.compile the model")
     seed: int = option(1337, "random seed", low=0, high=2**63 - 1)
 
 
 @system.cli
 def main(argv):
-    sources = {}  # where each setting came from: a preset, or "command line"
-    cfg = load_config(TrainConfig, argv, "train.py", __doc__.strip().splitlines()[0], sources=sources)
+    sources = {}  # each setting's preset, or "command line"
+    cfg = load_config(TrainConfig, argv, "train.py", __doc__, sources=sources)
     cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
-    procs = device.start_processes(cfg.device)  # alone, or one of torchrun's processes
-    lock, status = files.RunLock(cfg.out_dir), None  # one run at a time in out_dir
+    procs = device.start_processes(cfg.device)
+    lock, status = files.RunLock(cfg.out_dir), None
     try:
         with system.Stop() as stop:  # Ctrl-C, SIGTERM, SIGHUP
             run = set_up(cfg, sources, procs, lock)
@@ -111,15 +111,18 @@ def main(argv):
 
 @dataclasses.dataclass
 class Run:
-    """Everything the loop reads and changes. cfg: as decided (a time budget's re-planning changes the
-    steps); meta: the tokenizer, as in meta.json; raw_model: what a checkpoint saves; scaler: fp16's loss
-    scaling, idle in other dtypes; model: what a step runs, raw_model compiled and under DDP where asked;
-    it: steps taken; bad_evals: evaluations in a row without a new best; evaluated: the step evaluated."""
+    """What the loop reads and changes.
+
+    cfg: as decided (a time budget's re-planning changes the steps); meta: the tokenizer, as in meta.json;
+    splits: the train and val tokens; raw_model: what a checkpoint saves; scaler: fp16's loss scaling, idle
+    in other dtypes; model: what a step runs, raw_model compiled and under DDP where asked; it: steps taken;
+    bad_evals: evaluations in a row without a new best; evaluated: the step evaluated; autocast: a step's
+    mixed precision; eval_autocast: an evaluation's, none on a CPU (fp32: exact)."""
 
     cfg: TrainConfig
     procs: device.Processes
     meta: dict
-    splits: dict  # the train and val tokens
+    splits: dict
     raw_model: GPT
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
@@ -132,10 +135,8 @@ class Run:
     step_ms: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
-        self.model, kind, dtype = self.raw_model, self.procs.device_type, device.DTYPES[self.cfg.dtype]
-        # On a CPU evaluations run in fp32: exact, and what python -m tinygpt.score gives for the same text.
-        self.autocast, self.eval_autocast = (device.autocast(kind, dtype),
-                                             device.autocast(kind, torch.float32 if kind == "cpu" else dtype))
+        self.autocast = device.autocast(self.procs.device_type, device.DTYPES[self.cfg.dtype])
+        self.eval_autocast = contextlib.nullcontext() if self.procs.device_type == "cpu" else self.autocast
 
 
 def set_up(cfg, sources, procs, lock):
@@ -145,7 +146,7 @@ def set_up(cfg, sources, procs, lock):
     # A mistake that one process meets ends them all: each block, then all agree.
     with procs.fail_together():
         if procs.master:
-            lock.acquire()  # a run that fails to start leaves out_dir as it was
+            lock.acquire()  # a run that fails to start changes nothing
         data = dataset.load_data(cfg.data_dir)
     with procs.fail_together():
         fine_tune = cfg.init_from not in ("scratch", "resume")
@@ -154,7 +155,7 @@ def set_up(cfg, sources, procs, lock):
         if ckpt is not None:
             cfg = weights.resumed_config(ckpt, cfg, sources, procs.device_type)
         dtype = device.pick_dtype(cfg.dtype, procs.device_type, training=True)
-        cfg = dataclasses.replace(cfg, dtype=str(dtype).removeprefix("torch."))
+        cfg = dataclasses.replace(cfg, dtype=device.NAMES[dtype])
         preset = any(where != "command line" for where in sources.values())
         timed = ckpt is None and (cfg.max_time or not (preset or "max_iters" in sources))
         time_budget = budget.Budget(cfg, sources) if timed else None
@@ -169,22 +170,18 @@ def set_up(cfg, sources, procs, lock):
             run.it, run.best_val, run.bad_evals, run.evaluated = weights.restore(ckpt, run.raw_model,
                                                                                  run.optimizer, run.scaler)
             procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
-    del pretrained, ckpt  # GPT-2's weights need not stay twice in memory
-    if cfg.compile:
-        run.model = device.maybe_compile(run.raw_model, procs.device_type)
-    run.model = procs.wrap(run.model)  # DDP under torchrun
+    del pretrained, ckpt  # not twice in memory
+    run.model = procs.wrap(device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else run.raw_model)
     if time_budget is not None:
         step_s, eval_s = time_budget.times or probe(run)
         run.cfg, said = time_budget.fit(run.cfg, step_s, eval_s, procs.broadcast((budget.process_age(),))[0])
         run.time_budget = time_budget
         procs.say(said)
-    with procs.fail_together():  # the first write, once every check has passed
+    with procs.fail_together():  # the first write
         if procs.master:
             files.start_log(cfg.out_dir, run.it)
-    c, ddp = run.cfg, f", DDP over {torch.distributed.get_backend()}" if torch.distributed.is_initialized() else ""
-    procs.say(f"{run.raw_model.num_params():,} parameters; {tokens_per_step(run):,} tokens per step: batch "
-              f"{c.batch_size} x grad_accum {c.grad_accum} x {procs.world} process(es) = "
-              f"{tokens_per_step(run) // c.block_size} sequences of {c.block_size}; on {procs.device}, {c.dtype}{ddp}")
+    procs.say(f"{run.raw_model.num_params():,} params, {tokens_per_step(run):,} tokens/step: batch {cfg.batch_size} x "
+              f"grad_accum {cfg.grad_accum} x {procs.world} process(es) x {cfg.block_size}; {procs.device} {cfg.dtype}")
     return run
 
 
@@ -196,33 +193,31 @@ def build(cfg, data, procs, pretrained=None):
     mconf = model_config(cfg, meta["vocab_size"])
     device.check_model_fits(mconf, cfg.batch_size, cfg.block_size, procs.device, device.DTYPES[cfg.dtype])
     torch.manual_seed(cfg.seed)
-    model = GPT(mconf)
+    model = GPT(mconf).to(procs.device)
     if pretrained is not None:
         procs.say(weights.load_into(model, pretrained, meta))
-    model = model.to(procs.device)
     return Run(cfg, procs, meta, splits, model, make_optimizer(model, cfg, procs.device_type),
-               torch.amp.GradScaler(procs.device_type, enabled=cfg.dtype == "float16"))
+               torch.amp.GradScaler(procs.device_type, enabled=cfg.dtype == "float16"), model)
 
 
 def model_config(cfg, vocab_size):
     """The model for cfg; its embedding is padded past the tokenizer's vocab_size for speed."""
-    names = {f.name for f in dataclasses.fields(GPTConfig)} - {"vocab_size", "real_vocab_size"}
+    shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GPTConfig) if hasattr(cfg, f.name)}
     try:
-        return GPTConfig(vocab_size=device.padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
-                         **{n: getattr(cfg, n) for n in names})
+        return GPTConfig(**shape, vocab_size=device.padded_vocab_size(vocab_size), real_vocab_size=vocab_size)
     except ValueError as e:
         raise UserError(f"model config: {e}") from None
 
 
 def run_out_dir(cfg, sources):
     """out_dir as set by the command line, or by the preset that names the data; else out/NAME for data/NAME."""
-    where = sources.get("out_dir")
-    if cfg.out_dir and (where == "command line" or (where is not None and where == sources.get("data_dir"))):
+    if cfg.out_dir and sources.get("out_dir") in ("command line", sources.get("data_dir")):
         return cfg.out_dir
     return str(Path("out") / Path(cfg.data_dir).name)
 
 
-def saved(cfg, name="ckpt.pt"):  # ckpt.pt: the latest state; best.pt: the lowest val loss
+def saved(cfg, name="ckpt.pt"):
+    """ckpt.pt: the latest state; best.pt: the lowest val loss."""
     return Path(cfg.out_dir) / name
 
 
@@ -240,10 +235,8 @@ def train(run, stop):
     x, y = next(batches)
     # The loop's own step and evaluation times, for the budget to fit the steps again as the run goes.
     times = budget.LoopTimes(run.it) if run.time_budget else contextlib.nullcontext()
-    stop_early = run.cfg.patience and run.bad_evals >= run.cfg.patience  # a resumed run's
-    bar = tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None, dynamic_ncols=True)
-    signum, bad, stop.looping = 0, None, True  # a signal, or a bad loss, on any process ends the run
-    with bar:
+    signum, bad, stop.looping = 0, None, True  # a signal or a bad loss ends it
+    with tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None) as bar:
         while True:
             eval_due = evaluation_due(run)
             if run.time_budget is not None and (eval_due or run.it % AGREE_EVERY == 0):
@@ -255,14 +248,13 @@ def train(run, stop):
                 with times, run.procs.fail_together():  # a full disk ends every process
                     if run.procs.master:
                         evaluate(run, lr, bar.write)
-                stop_early = run.procs.broadcast((run.cfg.patience and run.bad_evals >= run.cfg.patience,))[0]
-            if run.it >= run.cfg.max_iters or stop_early:
+                run.bad_evals = int(run.procs.broadcast((run.bad_evals,))[0])  # rank 0's
+            if run.it >= run.cfg.max_iters or 0 < run.cfg.patience <= run.bad_evals:
                 break
             t0 = time.perf_counter()
-            if run.cfg.dropout > 0:  # this step's dropout masks, its one use of torch's generator
+            if run.cfg.dropout > 0:  # this step's dropout masks
                 torch.manual_seed(step_seed(run.cfg.seed, run.procs.rank, run.it))
-            loss, x, y = train_step(run.model, run.optimizer, run.scaler, lambda: next(batches), x, y,
-                                    run.cfg.grad_accum, run.autocast, run.cfg)
+            loss, x, y = train_step(run.model, run.optimizer, run.scaler, run.autocast, run.cfg, x, y, batches)
             run.step_ms.append((time.perf_counter() - t0) * 1000)
             run.it += 1
             bad = bad if bad is not None or math.isfinite(loss) else f"{loss} at iteration {run.it}"
@@ -280,7 +272,8 @@ def train(run, stop):
     return finish(run, signum)
 
 
-def evaluation_due(run):  # every eval_interval steps, and at the end: once each
+def evaluation_due(run):
+    """Every eval_interval steps, and at the end: once each."""
     return (run.it % run.cfg.eval_interval == 0 or run.it == run.cfg.max_iters) and run.it != run.evaluated
 
 
@@ -294,7 +287,8 @@ def replan(run, times, bar):
 
 
 def get_lr(it, cfg):
-    decay_iters = cfg.lr_decay_iters or cfg.max_iters  # linear warmup, cosine decay, then min_lr
+    """Linear warmup, cosine decay, then min_lr."""
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
     if it >= decay_iters:
@@ -307,10 +301,10 @@ def evaluate(run, lr, write):
     """Estimates the losses (the same batches each time: a change is the model's) and logs them; saves
     ckpt.pt, and best.pt when val improved."""
     model = getattr(run.model, "module", run.model)  # never under DDP
-    losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, run.eval_autocast, run.cfg.seed)
+    losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, run.eval_autocast)
     record = {"iter": run.it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
               "val_bpc": losses["val"] / math.log(2)}
-    if run.procs.device_type == "cuda":  # the most memory its tensors held
+    if run.procs.device_type == "cuda":
         record["peak_memory"] = torch.cuda.max_memory_allocated()
     files.append_record(run.cfg.out_dir, record)
     improved = losses["val"] < run.best_val
@@ -324,33 +318,35 @@ def evaluate(run, lr, write):
           f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
 
 
-def train_step(model, optimizer, scaler, next_batch, x, y, accum, autocast, cfg):
-    for micro in range(accum):  # one step over accum micro-batches; returns the loss and the next batch
+def train_step(model, optimizer, scaler, autocast, cfg, x, y, batches):
+    """One optimizer step over cfg.grad_accum micro-batches, the first (x, y), then from batches (an iterator);
+    returns the loss and the next batch."""
+    for micro in range(cfg.grad_accum):
         # Under DDP, gradients are averaged across processes only on the last micro-step.
-        last = micro == accum - 1 or not hasattr(model, "no_sync")
+        last = micro == cfg.grad_accum - 1 or not hasattr(model, "no_sync")
         with (contextlib.nullcontext() if last else model.no_sync()), autocast:
             _, loss = model(x, y)
-            loss = loss / accum
-        x, y = next_batch()  # drawn while the device works
-        scaler.scale(loss).backward()
+        x, y = next(batches)  # drawn while the device works
+        scaler.scale(loss / cfg.grad_accum).backward()
     if cfg.grad_clip > 0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     scaler.step(optimizer)
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.item() * accum, x, y  # .item() waits for the device: honest step times
+    optimizer.zero_grad()
+    return loss.item(), x, y  # .item() waits for the device
 
 
 def log_step(run, loss, lr, bar):
-    if not run.procs.master or not math.isfinite(loss):  # the bar moves; a log line every log_interval
+    """The bar moves each step; a log record every log_interval."""
+    if not run.procs.master or not math.isfinite(loss):
         return
     tok_s = tokens_per_step(run) / (run.step_ms[-1] / 1000)
     bar.update(1)
     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
     if run.it % run.cfg.log_interval == 0:
         record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": run.step_ms[-1], "tokens_per_s": tok_s}
-        peak = device.peak_flops(run.procs.device_type)  # for MFU, on a GPU we know
+        peak = device.peak_flops(run.procs.device_type)
         if peak:
             c = run.cfg
             flops = device.train_flops_per_token(run.raw_model.num_params(), c.n_layer, c.n_embd, c.block_size)
@@ -372,8 +368,7 @@ def finish(run, signum=0):
         run.procs.say(f"stopped early at iteration {run.it}: val loss has not improved for {run.bad_evals} "
                       f"evaluations (--patience={run.cfg.patience}); the best model is in {saved(run.cfg, 'best.pt')}")
     median = sorted(run.step_ms)[len(run.step_ms) // 2] if run.step_ms else 0.0
-    run.procs.say(f"done: {run.it} iterations, best val loss {run.best_val:.4f}, median {median:.1f} ms/iter; "
-                  f"checkpoints in {run.cfg.out_dir}")
+    run.procs.say(f"done: {run.it} iterations, best val {run.best_val:.4f}, {median:.1f} ms/iter; in {run.cfg.out_dir}")
     return 0
 
 
@@ -381,12 +376,12 @@ def finish(run, signum=0):
 
 
 def get_batch(data, batch_size, block_size, rng, device_name):
-    starts = rng.integers(0, len(data) - block_size, size=batch_size)  # windows; targets: the next tokens
-    x = torch.from_numpy(np.stack([data[s : s + block_size] for s in starts]).astype(np.int64))
-    y = torch.from_numpy(np.stack([data[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64))
+    starts = rng.integers(0, len(data) - block_size, size=batch_size)
+    xy = torch.from_numpy(np.stack([data[s : s + block_size + 1] for s in starts]).astype(np.int64))
     if device_name.startswith("cuda"):  # pinned: copied while the GPU works
-        return x.pin_memory().to(device_name, non_blocking=True), y.pin_memory().to(device_name, non_blocking=True)
-    return x.to(device_name), y.to(device_name)
+        xy = xy.pin_memory().to(device_name, non_blocking=True)
+    xy = xy.to(device_name)
+    return xy[:, :-1], xy[:, 1:]  # y: each position's next token
 
 
 def train_batches(data, cfg, rank, it, device_name):
@@ -399,12 +394,13 @@ def train_batches(data, cfg, rank, it, device_name):
         it += 1
 
 
-def step_seed(seed, rank, it):  # of step it on process rank: its batches and dropout masks
+def step_seed(seed, rank, it):
+    """The seed of step it on process rank: of its batches and dropout masks."""
     return int(np.random.SeedSequence((seed, rank, it)).generate_state(1)[0])
 
 
 @torch.no_grad()
-def estimate_loss(model, splits, cfg, device_name, autocast, seed):
+def estimate_loss(model, splits, cfg, device_name, autocast):
     """Mean loss per split: over eval_iters random batches, the same each time; or with eval_iters 0 over
     every token of val (as python -m tinygpt.score scores a file), and as many of train."""
     model.eval()
@@ -414,12 +410,10 @@ def estimate_loss(model, splits, cfg, device_name, autocast, seed):
             out[name] = dataset.mean_loss(model, data[: len(splits["val"])], cfg.block_size, 4 * cfg.batch_size,
                                           device_name, autocast)
             continue
-        rng, losses = np.random.default_rng(seed), []
-        for _ in range(cfg.eval_iters):
-            x, y = get_batch(data, cfg.batch_size, cfg.block_size, rng, device_name)
-            with autocast:
-                losses.append(model(x, y)[1].item())
-        out[name] = sum(losses) / cfg.eval_iters
+        rng = np.random.default_rng(cfg.seed)
+        batches = (get_batch(data, cfg.batch_size, cfg.block_size, rng, device_name) for _ in range(cfg.eval_iters))
+        with autocast:
+            out[name] = sum(model(x, y)[1].item() for x, y in batches) / cfg.eval_iters
     model.train()
     return out
 
@@ -427,25 +421,23 @@ def estimate_loss(model, splits, cfg, device_name, autocast, seed):
 def make_optimizer(model, cfg, device_type):
     """AdamW, or (muon) Muon for the matrices inside the blocks and AdamW for the rest. AdamW decays every
     matrix (the embedding is the output head too) and no bias or gain, which set scales and offsets."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    to_muon = [cfg.optimizer == "muon" and n.startswith("blocks.") and p.dim() == 2 for n, p in named]
-    rest = [p for (_, p), muon in zip(named, to_muon) if not muon]
+    named = list(model.named_parameters())
+    matrices = [p for n, p in named if cfg.optimizer == "muon" and n.startswith("blocks.") and p.dim() == 2]
+    rest = [p for _, p in named if all(p is not m for m in matrices)]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     # The fused kernel updates every tensor in one pass: on a CPU a third of the time of the per-tensor loop.
-    adamw = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
-                              fused=device_type in ("cuda", "cpu"))
-    matrices = [p for (_, p), muon in zip(named, to_muon) if muon]
+    adamw = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=device_type != "mps")
     return optim.Optimizers(adamw, optim.muon(matrices, cfg)) if matrices else adamw
 
 
 def save_checkpoint(state, path):
     """Written whole or not at all (files.write_atomic): a crash leaves the previous checkpoint or the new one."""
-    then = ("the previous checkpoint is kept: free some space and continue with --init_from=resume"
-            if path.exists() else "nothing was saved: free some space and run again")
     try:
         files.write_atomic(path, lambda f: torch.save(state, f))
     except OSError as e:
+        then = ("the previous checkpoint is kept: free some space and continue with --init_from=resume"
+                if path.exists() else "nothing was saved: free some space and run again")
         raise UserError(f"{files.write_error(path, e)}; {then}") from None
 
 
@@ -466,8 +458,8 @@ def probe(run):
     draw = functools.partial(get_batch, run.splits["train"], cfg.batch_size, cfg.block_size,
                              np.random.default_rng(cfg.seed), run.procs.device)
     batch = draw()
-    step = functools.partial(train_step, run.model, run.optimizer, run.scaler, draw, *batch, cfg.grad_accum,
-                             run.autocast, cfg)
+    step = functools.partial(train_step, run.model, run.optimizer, run.scaler, run.autocast, cfg, *batch,
+                             iter(draw, None))
     step_s, forward_s, save_s = budget.time_steps(step, run.raw_model, batch, run.eval_autocast, run.optimizer,
                                                   run.scaler, calls=5 if run.procs.world > 1 else None)
     eval_batches = 2 * (cfg.eval_iters or len(run.splits["val"]) / (cfg.batch_size * cfg.block_size))  # val, train

@@ -51,8 +51,8 @@ def worker(preset, rounds):
     rng = np.random.default_rng(1)
     batch = functools.partial(train.get_batch, data, cfg.batch_size, cfg.block_size, rng, "cpu")
     mixed = autocast("cpu", pick_dtype(cfg.dtype, "cpu", training=True))
-    step = functools.partial(train.train_step, ddp, optimizer, torch.amp.GradScaler("cpu", enabled=False), batch,
-                             *batch(), cfg.grad_accum, mixed, cfg)
+    step = functools.partial(train.train_step, ddp, optimizer, torch.amp.GradScaler("cpu", enabled=False), mixed, cfg,
+                             *batch(), iter(batch, None))
     every = {1: [], 10: [], 0: []}  # per-step time of blocks of 10 steps: agreeing after each, after the 10th, never
     for b in range(3 * (rounds // 10) + 6):
         cadence = (1, 10, 0)[b % 3]
@@ -76,7 +76,7 @@ def worker(preset, rounds):
 
 @system.cli
 def main(argv):
-    cfg = load_config(BenchConfig, argv, "bench/agreement.py", __doc__.strip().splitlines()[0])
+    cfg = load_config(BenchConfig, argv, "bench/agreement.py", __doc__)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

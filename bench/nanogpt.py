@@ -353,7 +353,8 @@ def steps_taking_turns(nano, mode, runs, rounds):
         # train.py's own step; the next batch it returns goes unused, each call drawing its own
         draw = functools.partial(train.get_batch, data, cfg.batch_size, cfg.block_size, rng, "cpu")
         steps[name] = functools.partial(train.train_step, model, train.make_optimizer(model, cfg, "cpu"),
-                                        torch.amp.GradScaler("cpu", enabled=False), draw, *draw(), 1, autocast, cfg)
+                                        torch.amp.GradScaler("cpu", enabled=False), autocast, cfg, *draw(),
+                                        iter(draw, None))
     times = {name: [] for name in steps}
     for round_ in range(rounds + 5):  # the first 5 warm up
         for name, step in steps.items():

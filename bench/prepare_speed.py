@@ -88,7 +88,7 @@ def make_input(source, size_mb, path):
 def main(argv):
     if argv[:1] == ["--child"]:
         return child(*argv[1:])
-    cfg = load_config(BenchConfig, argv, "bench/prepare_speed.py", __doc__.strip().splitlines()[0])
+    cfg = load_config(BenchConfig, argv, "bench/prepare_speed.py", __doc__)
     if not Path(cfg.source).is_file():
         raise UserError(f"source text {cfg.source} not found; pass --source=FILE")
     with tempfile.TemporaryDirectory() as tmp:

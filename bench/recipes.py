@@ -119,7 +119,7 @@ def print_table(rows, cfg):
 
 @system.cli
 def main(argv):
-    cfg = load_config(BenchConfig, argv, "bench/recipes.py", __doc__.strip().splitlines()[0])
+    cfg = load_config(BenchConfig, argv, "bench/recipes.py", __doc__)
     runs = [parse_run(spec) for spec in cfg.runs]
     try:
         seeds = [int(s) for s in cfg.seeds]

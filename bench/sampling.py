@@ -82,7 +82,7 @@ def watched_generation(model, idx, max_new_tokens, segments):
 
 @system.cli
 def main(argv):
-    cfg = load_config(BenchConfig, argv, "bench/sampling.py", __doc__.strip().splitlines()[0])
+    cfg = load_config(BenchConfig, argv, "bench/sampling.py", __doc__)
     if cfg.max_new_tokens < 1 or cfg.prompt_tokens < 1 or cfg.batch_size < 1:
         raise UserError("max_new_tokens, prompt_tokens and batch_size must be at least 1")
     if not 1 <= cfg.segments <= cfg.max_new_tokens:

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import operator
+import pathlib
 import tomllib
 import types
 import typing
@@ -42,10 +43,10 @@ def option(default, help, **allowed):
 def load_config(cls, argv, prog="", description="", sources=None, rest=None):
     """A `cls` from the presets and --key=value overrides in argv; --help prints and exits. A dict given
     as sources is filled with where each key that was set came from: the preset's path, or "command line".
-    A list given as rest takes the --key options cls does not know, as written, instead of refusing them."""
+    A list given as rest takes the --key options cls does not know, as written, instead of refusing them.
+    description: the first line of --help's text (a docstring may be given whole)."""
     fields, hints = {f.name: f for f in dataclasses.fields(cls)}, typing.get_type_hints(cls)
-    values, origin, given = {}, {}, {}  # given: the command line's, which win
-    args = list(argv)
+    values, origin, given, args = {}, {}, {}, list(argv)
     while args:
         arg = args.pop(0)
         if arg in ("-h", "--help"):
@@ -57,10 +58,10 @@ def load_config(cls, argv, prog="", description="", sources=None, rest=None):
             continue
         name, has_value, value = arg[2:].partition("=")
         name = name.replace("-", "_")
-        if rest is not None and name not in hints:  # another script's option
+        if rest is not None and name not in hints:
             rest += [arg] + ([args.pop(0)] if not has_value and args and not args[0].startswith("--") else [])
             continue
-        if not has_value:  # --key value, or a bare --flag (true)
+        if not has_value:
             if unwrap(hints.get(name))[0] is bool:
                 value = args.pop(0) if args and args[0].lower() in BOOL_WORDS else "true"
             elif args:
@@ -68,7 +69,7 @@ def load_config(cls, argv, prog="", description="", sources=None, rest=None):
             elif name in hints:
                 raise UserError(f"command line: --{name} needs a value, e.g. --{name}=VALUE")
         value = convert(fields, hints, name, value, "command line", from_text=True)
-        given[name] = given.get(name, []) + value if isinstance(value, list) else value  # a repeated list appends
+        given[name] = given.get(name, []) + value if isinstance(value, list) else value
     if sources is not None:
         sources.update(origin | dict.fromkeys(given, "command line"))
     return cls(**(values | given))
@@ -76,7 +77,7 @@ def load_config(cls, argv, prog="", description="", sources=None, rest=None):
 
 def unwrap(tp):
     """(type, optional) for a field annotation such as int, float | None, list[str]."""
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return next(a for a in typing.get_args(tp) if a is not type(None)), True
     return tp, False
 
@@ -95,26 +96,20 @@ def convert(fields, hints, name, value, source, from_text=False):
         hint = f"; did you mean {close[0]}?" if close else "; see --help for the known keys"
         raise UserError(f"{source}: unknown key {name!r}{hint}")
     base, optional = unwrap(hints[name])
-
-    def bad():
-        if base is str and isinstance(value, (int, float)) and not isinstance(value, bool):  # max_time = 90 in TOML
-            return UserError(f'{source}: {name} must be str, got {value!r}: put it in quotes, {name} = "{value}"')
-        return UserError(f"{source}: {name} must be {type_name(hints[name])}, got {value!r}")
-
     if optional and isinstance(value, str) and value.lower() in ("none", "null", ""):  # TOML has no null
         return None
     if typing.get_origin(base) is list:
         value, base = value if isinstance(value, list) else [value], list
         if not all(isinstance(v, str) for v in value):
-            raise bad()
-    elif from_text and base is not str:  # int(), float() read 1_000 too
+            raise wrong_type(source, name, hints[name], value)
+    elif from_text and base is not str:
         try:
             value = BOOL_WORDS[value.lower()] if base is bool else base(value)
         except (KeyError, ValueError):
-            raise bad() from None
+            raise wrong_type(source, name, hints[name], value) from None
     # A bool only where one is wanted (True is an int too); an int is a fine float: rate = 3 in TOML.
     if isinstance(value, bool) != (base is bool) or not isinstance(value, (int, float) if base is float else base):
-        raise bad()
+        raise wrong_type(source, name, hints[name], value)
     if base is float and not math.isfinite(value):
         raise UserError(f"{source}: {name} must be a finite number, got {value}")
     allowed = fields[name].metadata.get("allowed", {})
@@ -123,6 +118,13 @@ def convert(fields, hints, name, value, source, from_text=False):
                 or item not in allowed.get("choices", [item]):
             raise UserError(f"{source}: {name} must be {rule(allowed)}, got {item!r}")
     return float(value) if base is float else value
+
+
+def wrong_type(source, name, hint, value):
+    """The UserError for a value of the wrong type; a number where text is wanted is told to take quotes."""
+    if unwrap(hint)[0] is str and isinstance(value, (int, float)) and not isinstance(value, bool):  # max_time = 90
+        return UserError(f'{source}: {name} must be str, got {value!r}: put it in quotes, {name} = "{value}"')
+    return UserError(f"{source}: {name} must be {type_name(hint)}, got {value!r}")
 
 
 def rule(allowed):
@@ -136,8 +138,7 @@ def rule(allowed):
 def read_toml(path):
     """The table in a TOML file, or a UserError naming the file and line."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.loads(f.read().decode("utf-8").removeprefix("\ufeff"))  # a BOM, as some editors write
+        return tomllib.loads(pathlib.Path(path).read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise UserError(f"config file {path} not found; presets live in config/, e.g. config/tiny.toml") from None
     except IsADirectoryError:
@@ -149,7 +150,8 @@ def read_toml(path):
 
 
 def help_text(cls, prog, description):
-    lines = [f"usage: python {prog} [PRESET.toml ...] [--key=value ...]", "", description, "", "options:"]
+    lines = [f"usage: python {prog} [PRESET.toml ...] [--key=value ...]", "", description.strip().split("\n")[0], "",
+             "options:"]
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default

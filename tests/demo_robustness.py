@@ -172,7 +172,7 @@ def disk_full(cfg, work):
 def main(argv):
     if not argv or argv[0] not in ("kills", "two_runs", "disk_full"):
         raise UserError("say what to show: kills, two_runs or disk_full (python tests/demo_robustness.py --help)")
-    cfg = load_config(DemoConfig, argv[1:], "tests/demo_robustness.py " + argv[0], __doc__.strip().splitlines()[0])
+    cfg = load_config(DemoConfig, argv[1:], "tests/demo_robustness.py " + argv[0], __doc__)
     work = Path(cfg.work or tempfile.mkdtemp(prefix="tinygpt-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     try:

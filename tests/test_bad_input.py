@@ -144,7 +144,7 @@ CASES = [
      "format must be"),
     ("meta.json holding a list", "train", edit_meta(lambda m: [m]), train_args, "not an object"),
     ("meta.json with a vocab shorter than vocab_size", "train", edit_meta(lambda m: {**m, "vocab": m["vocab"][:-1]}),
-     train_args, "vocab lists"),
+     train_args, "vocab must be"),
     ("meta.json without its vocab", "train", edit_meta(lambda m: {k: v for k, v in m.items() if k != "vocab"}),
      train_args, "vocab must be"),
     ("meta.json with a negative token count", "train", edit_meta(lambda m: {**m, "val_tokens": -1}), train_args,

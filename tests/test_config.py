@@ -234,7 +234,7 @@ def test_a_toml_file_with_a_byte_order_mark_parses(tmp_path):
 def test_help_says_what_each_ranged_option_allows(capsys):
     assert train.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "attention heads per block (at least 1)" in out
+    assert "attention heads (at least 1)" in out
     assert "dropout probability (at least 0 and less than 1)" in out
 
 

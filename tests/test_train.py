@@ -100,7 +100,7 @@ def test_torchrun_trains_with_ddp_on_cpu(data_dir, tmp_path, processes):
     assert result.returncode == 0, result.stderr[-2000:]
     # batch_size and grad_accum are per process: the preset's batch of 8 runs in each process;
     # under torchrun the process group is made even for one process (NCCL's path on a GPU)
-    sequences = f"batch 8 x grad_accum 1 x {processes} process(es) = {8 * processes} sequences of 16; on cpu"
+    sequences = f"batch 8 x grad_accum 1 x {processes} process(es) x 16; cpu"
     assert sequences in result.stdout
     assert "DDP over gloo" in result.stdout
     log = read_log(tmp_path)
@@ -174,9 +174,9 @@ def test_bf16_training_on_a_cpu_evaluates_in_fp32(data_dir, tmp_path, monkeypatc
     seen = []
     real = train.estimate_loss
 
-    def spy(model, splits, cfg, device_name, autocast, seed):
+    def spy(model, splits, cfg, device_name, autocast):
         seen.append(torch.get_autocast_dtype("cpu") if isinstance(autocast, torch.autocast) else torch.float32)
-        return real(model, splits, cfg, device_name, autocast, seed)
+        return real(model, splits, cfg, device_name, autocast)
 
     monkeypatch.setattr(train, "estimate_loss", spy)
     assert run_train(data_dir, tmp_path, "--max_iters=4", "--eval_interval=2", "--dtype=bfloat16") == 0

@@ -24,7 +24,7 @@ DTYPES = ("uint16", "uint32")
 
 
 def is_count(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return type(value) is int and value >= 0  # not a bool
 
 
 def meta_problem(meta):
@@ -34,18 +34,17 @@ def meta_problem(meta):
     for key, least in (("format", 1), ("vocab_size", 1), ("train_tokens", 0), ("val_tokens", 0)):
         if not is_count(meta.get(key)) or meta[key] < least:
             return f"{key} must be an integer of at least {least}, got {meta.get(key)!r}"
+    if meta["format"] > META_FORMAT:
+        return f"format {meta['format']} is newer than this code's {META_FORMAT}: update the code"
     if meta.get("dtype") not in DTYPES:
         return f"dtype must be {' or '.join(DTYPES)}, got {meta.get('dtype')!r}"
     if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
         return f"vocab_size {meta['vocab_size']} does not fit in {meta['dtype']} ids"
     if meta.get("tokenizer") == "char":
         vocab = meta.get("vocab")
-        if not isinstance(vocab, list) or not all(isinstance(ch, str) and len(ch) == 1 for ch in vocab):
-            return "vocab must be a list of single characters"
-        if len(set(vocab)) != len(vocab):
-            return "vocab lists a character twice"
-        if len(vocab) != meta["vocab_size"]:
-            return f"vocab lists {len(vocab)} characters but vocab_size is {meta['vocab_size']}"
+        if type(vocab) is not list or not all(type(ch) is str and len(ch) == 1 for ch in vocab) \
+                or not len(set(vocab)) == len(vocab) == meta["vocab_size"]:
+            return f"vocab must be a list of vocab_size ({meta['vocab_size']}) different single characters"
     elif meta.get("tokenizer") == "tiktoken":
         if not isinstance(meta.get("encoding"), str) or not meta["encoding"]:
             return f"encoding must name a tiktoken encoding, got {meta.get('encoding')!r}"
@@ -54,22 +53,24 @@ def meta_problem(meta):
     return None
 
 
+def prepare_again(data_dir):
+    return f"python prepare.py --input FILE --out_dir {data_dir}"
+
+
 def read_meta(data_dir):
     """meta.json of a data set, checked; a UserError says what is wrong and how to fix it."""
-    path, again = Path(data_dir) / "meta.json", f"python prepare.py --input FILE --out_dir {data_dir}"
-    if not path.is_file():
-        raise UserError(f"{path} not found; run: {again}")
+    path = Path(data_dir) / "meta.json"
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path} not found; run: {prepare_again(data_dir)}") from None
     except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{path} is not valid JSON; prepare the data again: {again}") from None
+        raise UserError(f"{path} is not valid JSON; prepare the data again: {prepare_again(data_dir)}") from None
     except OSError as e:
         raise UserError(f"cannot read {path} ({e.strerror}); check its permissions") from None
-    if isinstance(meta, dict) and is_count(meta.get("format")) and meta["format"] > META_FORMAT:
-        raise UserError(f"{path} is format {meta['format']}, newer than this code ({META_FORMAT}); update the code")
     problem = meta_problem(meta)
     if problem:
-        raise UserError(f"{path}: {problem}; prepare the data again: {again}")
+        raise UserError(f"{path}: {problem}; prepare the data again: {prepare_again(data_dir)}")
     return meta
 
 
@@ -86,9 +87,8 @@ def open_split(data_dir, split, meta):
     if expected == 0:
         return np.zeros(0, dtype=dtype)  # an empty file cannot be memory-mapped
     data = np.memmap(path, dtype=dtype, mode="r")
-    largest = int(data.max())
-    if largest >= meta["vocab_size"]:
-        raise UserError(f"{path} holds token id {largest}, but meta.json's vocab_size is {meta['vocab_size']}; "
+    if data.max() >= meta["vocab_size"]:
+        raise UserError(f"{path} holds token id {data.max()}, but meta.json's vocab_size is {meta['vocab_size']}; "
                         "run prepare.py again")
     return data
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ReduceOp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from config import UserError
@@ -31,23 +32,22 @@ PEAK_FLOPS = [(r"H100.*PCIe", 756e12), (r"H100.*NVL", 835e12), (r"H100", 989e12)
               (r"H200", 989e12), (r"A100", 312e12), (r"\bA10\b", 125e12), (r"\bL40S\b", 362e12),
               (r"\bL4\b", 121e12), (r"RTX 4090", 165e12)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+NAMES = dict(zip(DTYPES.values(), DTYPES))  # dtype -> its name
 
 
 def choose_device(name):
     """The device name asks for, if this machine has it (auto: cuda, then mps, then cpu); else a UserError
     saying what to use."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
         raise UserError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and torch.cuda.is_available() and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"device {name} does not exist: this machine has {torch.cuda.device_count()} GPU(s), "
-                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
-    if not available.get(device.type, lambda: True)():
-        raise UserError(f"device {name} is not available on this machine; use --device=cpu")
+    have = {"cuda": torch.cuda.device_count(), "mps": int(torch.backends.mps.is_available())}.get(device.type, 1)
+    if (device.index or 0) >= have:
+        gpus = f": this machine has {have} GPU(s), cuda:0 to cuda:{have - 1}" if device.type == "cuda" and have else ""
+        raise UserError(f"device {name} does not exist{gpus}; use --device=auto")
     return name
 
 
@@ -69,9 +69,8 @@ def memory_size(device):
         return torch.mps.recommended_max_memory(), "the memory Metal lets mps use (shared with the CPU)"
     size = memory_bytes()
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        with contextlib.suppress(OSError, ValueError):  # "max": no limit
-            limit = int(Path(limit_file).read_text(encoding="ascii"))
-            size = limit if size is None else min(size, limit)
+        with contextlib.suppress(OSError, ValueError, TypeError):  # "max"
+            size = min(size, int(Path(limit_file).read_text(encoding="ascii")))
     return size, "this machine's memory"
 
 
@@ -112,7 +111,7 @@ def memory_bound(mconf, batch_size, block_size, shrink=1):
     # Kept for the backward pass, per token and layer: 26 fp32 rows of C (the LayerNorms' inputs, q, k, v, the
     # feed-forward's 4C-wide ones, dropout masks), each head's T weights, and additive scores' tanh (T x C).
     per_layer = tokens * 4 * (26 * C + 4 + mconf.n_head * T + T * C * (mconf.score == "additive")) + 12 * T * (T + C)
-    once = tokens * (16 + 20 * C + 8 * V) + 8 * T + 4  # ids, x, ln_f's, the logits and their gradient
+    once = tokens * (16 + 20 * C + 8 * V) + 8 * T + 4  # ids, x, ln_f, logits and their gradient
     # 16 bytes a parameter (weight, gradient, AdamW's two moments); what torch 2.13 keeps and a quarter more.
     return 16 * params + 4 * (mconf.block_size + 1) * C + (4 * params + once + L * per_layer) * 5 // 4 // shrink
 
@@ -123,7 +122,7 @@ def check_model_fits(mconf, batch_size, block_size, device, dtype):
     shrink = 2 if dtype.itemsize < 4 else 1
     size, where = memory_size(device)
     if size is None or memory_bound(mconf, batch_size, block_size, shrink) <= size:
-        return  # fits for sure (no second spent measuring), or no size to say
+        return  # fits for sure, or no size to say
     try:
         n_params, needed = training_memory(mconf, batch_size, block_size, shrink)
     except (RuntimeError, OverflowError) as e:  # sizes past what a tensor can have
@@ -157,7 +156,7 @@ def cpu_has_bf16():
     """Whether this CPU multiplies bf16 matrices natively (avx512_bf16 or AMX, as torch reports them): there
     a training step of the CPU presets takes about half as long in bf16; other CPUs emulate bf16, slower
     than fp32. Read from the CPU, not timed, so that a busy machine never changes a run's numerics."""
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private: absent means no
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
@@ -218,7 +217,7 @@ class Processes:
     device: str  # this process's device: cpu, cuda:N or mps
 
     def __post_init__(self):
-        self.master, self.device_type = self.rank == 0, self.device.split(":")[0]  # rank 0 saves
+        self.master, self.device_type = self.rank == 0, self.device.split(":")[0]
 
     def say(self, *args, **kwargs):
         """print, from rank 0 alone: one line for the run, not one per process."""
@@ -227,15 +226,14 @@ class Processes:
 
     def broadcast(self, numbers):
         """Rank 0's numbers on every process, so that all make the same plan."""
-        return tuple(numbers) if self.world == 1 else self._collective(numbers, torch.float64, dist.broadcast, src=0)
+        return tuple(numbers) if self.world == 1 else self._sync(numbers, torch.float64, dist.broadcast, src=0)
 
     def all_max(self, numbers):
         """Each number's largest value over the processes, on every process: any one's stop request
         (a signal's number), or trouble (a non-finite loss: 1), is every process's."""
-        op = dist.ReduceOp.MAX
-        return tuple(numbers) if self.world == 1 else self._collective(numbers, torch.int64, dist.all_reduce, op=op)
+        return tuple(numbers) if self.world == 1 else self._sync(numbers, torch.int64, dist.all_reduce, op=ReduceOp.MAX)
 
-    def _collective(self, numbers, dtype, collective, **kwargs):
+    def _sync(self, numbers, dtype, collective, **kwargs):
         t = torch.tensor(numbers, dtype=dtype, device=self.device)
         collective(t, **kwargs)
         return tuple(t.tolist())
@@ -269,7 +267,7 @@ def start_processes(device_name):
     the GPU of its LOCAL_RANK, talking over NCCL (GPUs) or gloo (CPUs)."""
     device = choose_device(device_name)
     if device == "cpu":
-        keep_freed_memory()  # each step reuses the last one's memory
+        keep_freed_memory()
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.fp32_precision = "tf32"  # fp32 matmuls (--dtype=float32) on tensor cores
         if "RANK" in os.environ:
@@ -281,7 +279,9 @@ def start_processes(device_name):
         return Processes(0, 1, device)
     cuda = device.startswith("cuda")
     dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=torch.device(device) if cuda else None)
-    return Processes(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
+    procs = Processes(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
+    procs.say(f"{procs.world} process(es), DDP over {dist.get_backend()}")
+    return procs
 
 
 def end_processes(finished):

@@ -31,24 +31,6 @@ from config import UserError
 from tinygpt.system import exchange, process_alive, sync_directory
 
 
-class _Recording:
-    """A binary file whose write errors are kept: torch.save turns them into a RuntimeError
-    that no longer says why (ENOSPC, EIO, ...), so the original is raised instead."""
-
-    def __init__(self, f):
-        self.f, self.error = f, None
-
-    def write(self, data):
-        try:
-            return self.f.write(data)
-        except OSError as e:
-            self.error = e
-            raise
-
-    def __getattr__(self, name):
-        return getattr(self.f, name)
-
-
 def write_atomic(path, content):
     """Writes path whole or not at all. content is bytes, or a function that writes to an
     open binary file (torch.save, savefig). It goes to path.tmp, which is fsynced and then
@@ -57,13 +39,12 @@ def write_atomic(path, content):
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
-            out = _Recording(f)
             try:
-                content(out) if callable(content) else out.write(content)
-            except RuntimeError:
-                if out.error is None:
-                    raise
-                raise out.error from None
+                content(f) if callable(content) else f.write(content)
+            except RuntimeError as e:  # torch.save's, over the OSError that stopped it (ENOSPC, EIO, ...)
+                if isinstance(e.__context__, OSError):
+                    raise e.__context__ from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -77,7 +58,7 @@ def append_line(path, line):
     """Appends line (a str without its newline) to path, whole: if the write fails part
     way, the file is cut back to its size before, so no reader ever sees half a line."""
     data = memoryview((line + "\n").encode("utf-8"))
-    with open(path, "ab", buffering=0) as f:  # nothing left to write at close
+    with open(path, "ab", buffering=0) as f:  # unbuffered: nothing to write at close
         size = f.seek(0, os.SEEK_END)
         try:
             while data:
@@ -219,7 +200,7 @@ class RunLock:
         """Lets go of the lock; an out_dir that acquire made and the run left empty goes with it."""
         if self.lock.is_locked:
             self.lock.release()
-            if self.made and os.listdir(self.out_dir) == ["lock"]:  # the run wrote nothing
+            if self.made and os.listdir(self.out_dir) == ["lock"]:
                 shutil.rmtree(self.out_dir, ignore_errors=True)
 
 

@@ -45,7 +45,7 @@ class ScoreConfig:
 
 @system.cli
 def main(argv):
-    cfg = load_config(ScoreConfig, argv, "-m tinygpt.score", __doc__.strip().splitlines()[0])
+    cfg = load_config(ScoreConfig, argv, "-m tinygpt.score", __doc__)
     if not cfg.input:
         raise UserError("no text to score: pass --input=FILE")
     device = choose_device(cfg.device)

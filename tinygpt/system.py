@@ -55,10 +55,10 @@ def cli(main):
     130, and a closed stdout or stderr stops the printing, not the work (Guarded, while main runs)."""
 
     def wrapper(argv=None):
-        if signal.getsignal(signal.SIGINT) is interrupted:  # now a KeyboardInterrupt
+        if signal.getsignal(signal.SIGINT) is interrupted:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = Guarded(sys.stdout), Guarded(sys.stderr)
+        sys.stdout, sys.stderr = map(Guarded, saved)
         try:
             return main(sys.argv[1:] if argv is None else list(argv)) or 0
         except SystemExit as e:  # --help: printed, and done

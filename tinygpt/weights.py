@@ -191,7 +191,7 @@ def load_into(model, source, meta):
                             "fine-tune with the code that trained it")
         target = own[name]
         if name in VOCAB_ROWS and chars:
-            target[ours] = tensor[theirs].to(target.dtype)
+            target[ours] = tensor[theirs].to(target)
         elif name == "wpe.weight":
             target.copy_(tensor[: target.size(0)])  # positions past block_size are never used
         elif target.shape == tensor.shape:
