@@ -243,7 +243,7 @@ def test_truncated_character_at_the_end_reports_its_offset(tmp_path, monkeypatch
     (tmp_path / "in.txt").write_bytes("plain text then é".encode()[:-1])
     monkeypatch.setattr(textfiles, "CHUNK_BYTES", 5)
     with pytest.raises(UserError, match="byte 0xc3 at offset 16"):
-        textfiles.read_text(tmp_path / "in.txt")
+        "".join(textfiles.read_chunks(tmp_path / "in.txt"))
 
 
 def test_a_failed_run_keeps_the_old_data_and_leaves_no_temporary_files(local_bpe, tmp_path, monkeypatch, capsys):

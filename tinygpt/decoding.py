@@ -19,21 +19,12 @@ from tinygpt.positions import rope_tables, rotate
 
 
 class KVCache:
-    """Keys and values of every layer for the positions already seen.
-
-    During generation each new token then costs one position of work, not the
-    whole context. Buffers are max_len long and filled in place (torch.cat would
-    copy the whole cache every token). max_len is the most keys a query sees:
-    block_size, or the model's window, so a windowed model's cache is bounded by
-    its window however long generation goes. `valid` (B, max_len) marks real
-    tokens and the left-padding of shorter prompts in the batch; it stays None
-    while none is. Once full, the cache slides: the newest position takes the
-    oldest one's slot, so the buffers turn into a ring, put back in order only
-    for a step that needs order (past block_size the model allows sliding only
-    with rope, whose keys do not depend on where the window starts). More new
-    positions than fit (a prompt longer than a window) are attended to whole,
-    and the newest kept.
-    """
+    """Keys and values of every layer for the positions already seen, so that each new token costs one
+    position of work. The buffers are max_len long (the most keys a query sees: block_size, or the window)
+    and filled in place; `valid` (B, max_len) marks real tokens and left-padding, None while there is none.
+    Once full, the cache slides: the newest position takes the oldest one's slot (a ring, put back in order
+    only for a step that needs order; past block_size only rope allows sliding). More new positions than
+    fit (a prompt longer than a window) are attended to whole, and the newest kept."""
 
     def __init__(self, n_layer, max_len):
         self.max_len = max_len
@@ -140,22 +131,15 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, **kwargs):
 @torch.inference_mode()  # no_grad, and no version counters or views tracked: 20% more tokens/s on a CPU
 def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
            valid=None, use_cache=True, generator=None, new_cache=KVCache):
-    """Yields the next token (B, 1) of every row, one step at a time.
+    """Yields the next token (B, 1) of every row, one step at a time; call model.eval() first.
 
-    Call model.eval() first. Past block_size the context window moves on.
-    With rope, attention reads only offsets between positions, so the cache
-    slides a token at a time and is never rebuilt; without a cache the model
-    reads the last n_layer * (span - 1) + 1 tokens, all that the newest one
-    depends on when each query sees the span newest keys (the window, or
-    block_size): both give the same tokens. With learned or sinusoidal
-    positions every cached key is wrong once the window moves (positions
-    shift), and sliding would mean a rebuild every token, as slow as no cache.
-    So the window jumps, dropping its oldest quarter: one rebuild per
-    block_size/4 tokens, always at least 3/4 of a block of context. Without a
-    cache the window jumps the same way. A cache holds the span newest keys
-    only, so a windowed model's memory is bounded by its window. new_cache
-    makes the caches (n_layer, max_len), for a caller that watches them.
-    Each cached token runs through unrolled_step where the model allows it.
+    Past block_size the context moves on. With rope, attention reads only offsets, so the cache slides a
+    token at a time; without a cache the model reads the last n_layer * (span - 1) + 1 tokens, all the
+    newest one depends on when each query sees its span newest keys: both give the same tokens. With
+    learned or sinusoidal positions every cached key is wrong once the window moves, so the window jumps,
+    dropping its oldest quarter (one rebuild per block_size/4 tokens), with a cache or without. new_cache
+    makes the caches (n_layer, max_len), for a caller that watches them. Each cached token runs through
+    unrolled_step where the model allows it.
     """
     block = model.config.block_size
     span = model.config.window or block  # the most keys a query sees
@@ -267,9 +251,4 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         # Drop a token when the tokens before it already reach top_p; the first stays.
         drop = probs.cumsum(dim=-1) - probs >= top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = F.softmax(logits, dim=-1)
-    # A draw from probs: the largest p / q, each q drawn from Exp(1). It is what
-    # torch.multinomial does for one sample, token for token with the same generator,
-    # without the checks it makes of probs at every call (these come from a softmax).
-    q = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / q).argmax(dim=-1, keepdim=True)
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)

@@ -294,10 +294,8 @@ def end_processes(finished):
 
 
 def exit_process(code):
-    """sys.exit(code), or under torchrun os._exit(code) once the output is out: Python's final clean-up
-    can free a tensor that gloo's worker thread is still letting go of, and the thread, which then needs
-    Python's lock, aborts the process ("terminate called without an active exception": exit -6 in 2 of
-    24 two-process tests here). Every file is written and closed before this."""
+    """sys.exit(code), or under torchrun os._exit(code) once the output is out: Python's clean-up can free a
+    tensor gloo's thread still holds, which aborts the process (exit -6 in 2 of 24 two-process tests)."""
     if "RANK" not in os.environ:
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):

@@ -1,19 +1,10 @@
-"""Writing files so that a failure, or a kill at any moment, loses nothing.
+"""Writing files so that a failure, or a kill at any moment, loses nothing: a file replaced whole, a line
+appended whole, a directory swapped in whole; a run's out_dir, one run at a time; its log and checkpoints.
 
-    write_atomic    a file replaced whole: written beside it, fsynced, renamed over it
-    append_line     a line added whole: on failure the file is cut back to where it was
-    staging_dir     a new directory beside another, to build its next version in
-    swap_in         that version put in the other's place whole, in one step
-    RunLock         a run's out_dir, one run at a time
-    append_record   a record added whole to out_dir/log.jsonl; start_log cuts it back on resume
-    load_checkpoint a checkpoint read without running code; checkpoint_to_resume, a run's own
-
-A checkpoint is a dict of tensors and plain data (numbers, strings, lists, dicts), saved with
-torch.save (train.py) and loaded with weights_only=True, which refuses anything else: a file that
-would run code when unpickled is rejected, not executed.
-
-Each raises the OSError that stopped it, after undoing its own partial work, so the
-caller can say what failed (a full disk, no permission) and what was kept.
+A checkpoint is a dict of tensors and plain data, saved with torch.save (train.py) and loaded with
+weights_only=True, which refuses anything else: a file that would run code when unpickled is rejected.
+Each function raises the OSError that stopped it, after undoing its own partial work, so the caller can
+say what failed (a full disk, no permission) and what was kept.
 """
 
 import contextlib

@@ -1,14 +1,5 @@
-"""Where a script meets its operating system, and what differs between Linux, macOS and Windows.
-
-    cli                main(argv) -> exit code: a UserError one `error:` line and exit 2, Ctrl-C exit 130;
-                       a closed or full stdout or stderr stops the printing, not the work
-    Stop               SIGINT, SIGTERM, SIGHUP (where there is one) as a flag the training loop reads
-    process_alive      whether a pid runs, asked without a signal (on Windows os.kill(pid, 0) ends it)
-    memory_bytes       the machine's physical memory
-    keep_freed_memory  glibc's malloc asked to keep freed memory for the next step (Linux)
-    process_age        seconds since this process started (Linux reads /proc; elsewhere since import)
-    sync_directory     a rename made durable (fsync of its directory; Windows has none to make)
-    exchange           two directories swapped in one step (Linux's renameat2), else False
+"""Where a script meets its operating system (signals, streams, memory, renames), and all that differs
+between Linux, macOS and Windows.
 
 Importing this module first (every script does) makes Ctrl-C while torch loads (it takes seconds)
 end the script with one line, not a traceback through the import machinery: only a script of this

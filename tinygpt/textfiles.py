@@ -65,12 +65,6 @@ def decode(decoder, data, offset, path, final=False):
                         "convert it, e.g. iconv -f latin1 -t utf-8") from None
 
 
-def read_text(path):
-    """The text of a UTF-8 file and its sha256, or a UserError saying what is wrong with it."""
-    hasher = hashlib.sha256()
-    return "".join(read_chunks(path, hasher)), hasher.hexdigest()
-
-
 def spool(path, dest):
     """Copies a pipe, FIFO or /proc file (which says its size is 0, and may be read only
     once) to the regular file dest, to be read like any other input."""

@@ -3,16 +3,11 @@
     python sample.py --out_dir=out/shakespeare_char          # load_model: best.pt, or ckpt.pt
     python sample.py --init_from=gpt2 --start="Hello"        # load_model: GPT-2 (tinygpt/gpt2.py)
 
-    python train.py config/shakespeare_char_cpu_fast.toml --init_from=out/shakespeare_char_cpu_fast/ckpt.pt \\
-        --data_dir=data/notes_char --out_dir=out/notes_finetuned
-    python train.py config/finetune_shakespeare_gpt2.toml   # --init_from=gpt2
+    python train.py config/finetune_shakespeare_gpt2.toml   # --init_from=gpt2, or a checkpoint
 
-The weights fix the model's shape (layers, heads, width, switches); the new run
-brings its data, block_size, dropout, optimizer and schedule, from iteration 0.
-BPE data must use the weights' encoding. Character data may have other
-characters: each one the weights know keeps its rows of the embedding (and of
-the head), moved to its id in the new vocabulary; a new one starts from a fresh
-row, as a model trained from scratch would.
+The weights fix the model's shape; the new run brings its data, block_size, dropout, optimizer and
+schedule, from iteration 0. BPE data must use the weights' encoding; with characters, each one the
+weights know keeps its rows, moved to its id in the new vocabulary, and a new one starts fresh.
 """
 
 import dataclasses
