@@ -376,12 +376,13 @@ def finish(run, signum=0):
 
 
 def get_batch(data, batch_size, block_size, rng, device_name):
+    """batch_size windows of data at random: x (B, T), and y (B, T), each position's next token."""
     starts = rng.integers(0, len(data) - block_size, size=batch_size)
     xy = torch.from_numpy(np.stack([data[s : s + block_size + 1] for s in starts]).astype(np.int64))
     if device_name.startswith("cuda"):  # pinned: copied while the GPU works
         xy = xy.pin_memory().to(device_name, non_blocking=True)
     xy = xy.to(device_name)
-    return xy[:, :-1], xy[:, 1:]  # y: each position's next token
+    return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
 
 
 def train_batches(data, cfg, rank, it, device_name):

@@ -4,13 +4,10 @@
     python train.py --data_dir=data/notes_char --max_time=30m
     python train.py config/shakespeare_char_cpu_fast.toml --max_time=2m   # the preset's model, steps for 2 minutes
 
-With no preset, `choose_run` picks the model and its training from the number of training tokens,
-the vocabulary and the compute the time buys on this device (train.py times a few real steps). With
-a budget, `Budget.fit` turns the time into a number of steps once, from the step and evaluation times
-measured at the start, and `Budget.replan` fits it again every few steps from the loop's own times
-(after 3/4 of the run, only shorter): the learning-rate schedule then ends on time, and the count is
-stored in the checkpoint, so a resumed run continues exactly instead of measuring again. The
-measurements behind each number here are in docs/own_text.md.
+With no preset, `choose_run` picks the model and its training from the training tokens, the vocabulary
+and the compute the time buys here (train.py times a few real steps). `Budget.fit` turns the time into
+steps, and `Budget.replan` fits them again from the loop's own times, so the schedule ends on time; the
+count is checkpointed, so a resumed run continues exactly. The measurements: docs/own_text.md.
 """
 
 import copy
