@@ -1,0 +1,376 @@
+"""Everything one GPU can show, in one call: a table of what it saw, and the raw figures as JSON.
+
+    python bench/gpu.py --nanogpt=PATH --input=input.txt --out=DIR   # on a GPU: about 8 minutes
+    python bench/gpu.py --smoke                                      # on a CPU: tiny sizes, a minute
+
+Each part runs as whole processes of this repository's own commands, in turn, each with a time cap;
+a part that would not fit in what is left of --budget is skipped with a line, and one that fails is
+recorded and the rest go on. The parts: the machine (torch, CUDA, the GPU); the reference preset in
+bf16, uncompiled; fp16, stopped by SIGTERM and resumed; the reference preset compiled, against
+nanoGPT's GPU reference (config/train_shakespeare_char.py, compiled) over the same steps, MFU for both
+against this GPU's peak; the fast preset (Muon, rope) compiled, to nanoGPT's 1.4697 as far as its cap
+allows, its step against the reference's; the automatic run (no preset) for --auto_time, uncompiled and
+compiled, scored on the whole val split; sampling against nanoGPT's, in one process, the same shape and
+random weights; torchrun over every GPU present (NCCL); peak memory where each run logged it.
+
+With --smoke every part runs on the CPU at tiny sizes and without compiling, nanoGPT's parts only
+where --nanogpt exists: the suite runs it (tests/test_gpu_bench.py), so the script keeps working
+between the rare runs on a GPU. The table goes to docs/results.md with each GPU run.
+"""
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
+
+from config import load_config, option  # noqa: E402
+from tinygpt import system  # noqa: E402
+from tinygpt.dataset import load_data, mean_loss  # noqa: E402
+from tinygpt.decoding import generate  # noqa: E402
+from tinygpt.device import autocast, machine, peak_flops  # noqa: E402
+from tinygpt.weights import model_from_checkpoint  # noqa: E402
+
+NANOGPT_TARGET = 1.4697  # nanoGPT's README: val loss of its GPU reference run after 5000 steps
+NANOGPT_A100 = 312e12  # the peak nanoGPT prints its MFU against
+
+
+@dataclass
+class GpuConfig:
+    smoke: bool = option(False, "tiny sizes on the CPU, nothing compiled: a check that the script runs")
+    nanogpt: str = option("../shared/peers/nanoGPT", "an unmodified nanoGPT checkout (its parts skipped if absent)")
+    input: str = option("../shared/data/tinyshakespeare/input.txt", "Tiny Shakespeare (smoke: a made-up text)")
+    out: str = option("", "where the table and the JSON go (empty: $OUT if set, else --work)")
+    work: str = option("out/bench_gpu", "where the data, the runs and nanoGPT's copy go (emptied first)")
+    budget: int = option(480, "seconds for every part together", low=1)
+    steps: int = option(300, "steps of each timed run (bf16, compiled, nanoGPT's)", low=10)
+    auto_time: str = option("1m", "the automatic run's --max_time")
+    fast_cap: int = option(100, "seconds the fast preset may train, towards nanoGPT's 1.4697", low=1)
+
+
+class Bench:
+    """The parts run so far, and the clock they share."""
+
+    def __init__(self, cfg):
+        self.cfg, self.start, self.rows, self.figures = cfg, time.monotonic(), [], {}
+        self.work = Path(cfg.work).resolve()
+        self.gpu = torch.cuda.is_available() and not cfg.smoke
+        self.device = "cuda" if self.gpu else "cpu"
+
+    def left(self):
+        return self.cfg.budget - (time.monotonic() - self.start)
+
+    def part(self, name, needs, fn, *args):
+        """Runs fn(*args) -> (summary, figures) if `needs` seconds are left; records a skip, or a failure."""
+        t0 = time.monotonic()
+        if self.left() < needs:
+            summary, status = f"{self.left():.0f} s left of --budget, {needs} s needed", "skipped"
+        else:
+            try:
+                summary, figures = fn(*args)
+                self.figures[name], status = figures, "ok"
+            except Exception as e:  # a failure is a result: recorded, and the other parts go on
+                summary, status = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}", "failed"
+        self.rows.append({"part": name, "status": status, "summary": summary, "seconds": time.monotonic() - t0})
+        print(f"[{time.monotonic() - self.start:5.0f} s] {name}: {status}: {summary}", flush=True)
+
+    def run(self, args, cap, stop_at=None, env=None, cwd=ROOT):
+        """A whole process of args (a list), at most cap seconds (and what the budget has left): (exit code,
+        [(seconds since its start, line)]). At its cap it gets SIGTERM (train.py saves and exits 143), and
+        SIGKILL 30 s later. stop_at: a line prefix at which it gets SIGTERM."""
+        timeout = max(1.0, min(cap, self.left()))
+        proc = subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env={**os.environ, **(env or {})}, start_new_session=True)
+
+        def signal_group(signum):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signum)
+
+        timers = [threading.Timer(timeout, signal_group, (signal.SIGTERM,)),
+                  threading.Timer(timeout + 30, signal_group, (signal.SIGKILL,))]
+        for timer in timers:
+            timer.start()
+        t0, lines = time.monotonic(), []
+        for line in proc.stdout:  # tqdm's bar (stderr, here too) ends its pieces with \r: they come with the lines
+            lines.append((time.monotonic() - t0, line.strip().rsplit("\r", 1)[-1]))
+            if stop_at and line.startswith(stop_at):
+                signal_group(signal.SIGTERM)
+                stop_at = None
+        code = proc.wait()
+        for timer in timers:
+            timer.cancel()
+        return code, lines
+
+    def train(self, name, args, cap, **kwargs):
+        """train.py with args into work/name: (exit code, lines, its log records)."""
+        out_dir = self.work / name
+        code, lines = self.run(["train.py", *args, f"--out_dir={out_dir}", "--overwrite=true"], cap, **kwargs)
+        log = out_dir / "log.jsonl"
+        records = [json.loads(r) for r in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
+        if code not in (0, 143, -signal.SIGKILL) or not records:  # SIGKILL: at its cap, 30 s after SIGTERM
+            tail = " | ".join(text for _, text in lines[-3:])
+            raise RuntimeError(f"train.py exited {code}: {tail}")
+        return code, lines, records
+
+
+def step_figures(records, world=1):
+    """Median ms per step, tokens/s and MFU past the first tenth of the logged steps (compiling and
+    warming up), the best val loss and the peak memory the run's evaluations saw."""
+    steps = [r for r in records if "ms_per_iter" in r]
+    steady = steps[len(steps) // 10 :] or steps
+    evals = [r for r in records if "val_loss" in r]
+    figures = {"ms_per_step": statistics.median(r["ms_per_iter"] for r in steady) if steady else None,
+               "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady) if steady else None,
+               "best_val": min((r["val_loss"] for r in evals), default=None),
+               "peak_memory_gib": max((r.get("peak_memory", 0) for r in evals), default=0) / 2**30}
+    if steady and "mfu" in steady[-1]:
+        figures["mfu"] = statistics.median(r["mfu"] for r in steady)
+    return figures
+
+
+def said(figures):
+    parts = [f"{figures['ms_per_step']:.1f} ms/step" if figures.get("ms_per_step") else None,
+             f"MFU {100 * figures['mfu']:.1f}%" if figures.get("mfu") else None,
+             f"best val {figures['best_val']:.4f}" if figures.get("best_val") else None,
+             f"peak {figures['peak_memory_gib']:.2f} GiB" if figures.get("peak_memory_gib") else None]
+    return ", ".join(p for p in parts if p)
+
+
+# --- The parts --------------------------------------------------------------------------------------
+
+
+def the_machine(bench):
+    info = {"machine": machine(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "gpus": torch.cuda.device_count() if bench.gpu else 0, "bf16": bench.gpu and torch.cuda.is_bf16_supported()}
+    return f"{info['machine']}; CUDA {info['cuda']}, {info['gpus']} GPU(s)", info
+
+
+def prepare(bench):
+    data = bench.work / "data"
+    text = Path(bench.cfg.input)
+    if bench.cfg.smoke:  # a small text the tiny model learns in a few steps
+        words = ["the cat sat on the mat.", "a dog ran in the fog!", "to be or not to be?"]
+        text = bench.work / "input.txt"
+        text.write_text("\n".join(words[i % 3] + " " + words[i * 7 % 3] for i in range(2000)), encoding="utf-8")
+    code, lines = bench.run(["prepare.py", "--input", str(text), "--out_dir", str(data)], 120)
+    if code != 0:
+        raise RuntimeError(f"prepare.py exited {code}: {lines[-1][1] if lines else ''}")
+    return f"{text} -> {data}", {"data_dir": str(data), "input": str(text)}
+
+
+def presets(bench):
+    """The reference and fast presets' arguments: the GPU's, or (smoke) tiny ones on the CPU."""
+    data = f"--data_dir={bench.work / 'data'}"
+    if bench.cfg.smoke:
+        tiny = ["config/tiny.toml", data, "--device=cpu", "--eval_interval=5", "--eval_iters=2", "--log_interval=1"]
+        return tiny, [*tiny, "--pos=rope", "--optimizer=muon"]
+    timed = [data, "--eval_interval=100000", "--eval_iters=20", "--log_interval=10", "--patience=0"]
+    return ["config/shakespeare_char.toml", *timed], ["config/shakespeare_char_fast.toml", *timed]
+
+
+def bf16_eager(bench):
+    reference, _ = presets(bench)
+    steps = 10 if bench.cfg.smoke else bench.cfg.steps
+    dtype = "--dtype=bfloat16" if bench.gpu else "--dtype=auto"
+    _, _, records = bench.train("bf16", [*reference, f"--max_iters={steps}", dtype], 120)
+    figures = step_figures(records)
+    return f"reference preset, {steps} steps, uncompiled: {said(figures)}", figures
+
+
+def fp16_stop_and_resume(bench):
+    """fp16 (the GradScaler's path) stopped by SIGTERM after its second evaluation, then resumed to the end."""
+    reference, _ = presets(bench)
+    steps, every = (20, 5) if bench.cfg.smoke else (200, 50)
+    dtype = "--dtype=float16" if bench.gpu else "--dtype=float32"
+    args = [*reference, f"--max_iters={steps}", f"--eval_interval={every}", dtype]
+    code, lines, _ = bench.train("fp16", args, 120, stop_at=f"step {2 * every}:")
+    if code != 143 or not any("stopped by SIGTERM" in text for _, text in lines):
+        raise RuntimeError(f"the stop exited {code}, not 143 with its line")
+    code, lines, records = bench.train("fp16", [*args, "--init_from=resume"], 120)
+    done = [text for _, text in lines if text.startswith("done:")]
+    if code != 0 or not done:
+        raise RuntimeError(f"the resume exited {code}")
+    figures = {**step_figures(records), "stop_exit": 143, "resumed_to": records[-1]["iter"]}
+    return f"{dtype[8:]}: stopped at step {2 * every} (exit 143), resumed: {done[0]}", figures
+
+
+def nanogpt_dir(bench):
+    """nanoGPT copied into work (it writes into its own folders), its data prepared from --input."""
+    theirs = bench.work / "nanoGPT"
+    if not theirs.exists():
+        shutil.copytree(bench.cfg.nanogpt, theirs, ignore=shutil.ignore_patterns(".git", "out*"))
+        shutil.copy(bench.cfg.input, theirs / "data" / "shakespeare_char" / "input.txt")
+        subprocess.run([sys.executable, "prepare.py"], cwd=theirs / "data" / "shakespeare_char", check=True,
+                       capture_output=True)
+    return theirs
+
+
+def compiled_against_nanogpt(bench):
+    """Our reference preset compiled, then nanoGPT's GPU reference compiled, the same steps; MFU for both
+    against this GPU's dense bf16 peak (nanoGPT prints its own against an A100's)."""
+    reference, _ = presets(bench)
+    steps = bench.cfg.steps
+    _, _, records = bench.train("compiled", [*reference, f"--max_iters={steps}", "--compile=true"], 200)
+    ours = step_figures(records)
+    theirs = bench.work / "nanogpt_out"
+    code, lines = bench.run(["train.py", "config/train_shakespeare_char.py", f"--max_iters={steps}",
+                             f"--out_dir={theirs}", "--eval_iters=20", "--log_interval=10", "--eval_interval=100000"],
+                            200, cwd=nanogpt_dir(bench))
+    their_ms, their_mfu = [], []
+    for _, text in lines:  # iter N: loss L, time T ms, mfu M%
+        if text.startswith("iter ") and "time" in text and int(text.split()[1].rstrip(":")) >= steps // 10:
+            their_ms.append(float(text.split("time ")[1].split("ms")[0]))
+            their_mfu.append(float(text.split("mfu ")[1].rstrip("%")) / 100)
+    if code != 0 or not their_ms:
+        raise RuntimeError(f"nanoGPT exited {code}: {lines[-1][1] if lines else ''}")
+    peak = peak_flops("cuda")
+    figures = {"ours": ours, "nanogpt_ms_per_step": statistics.median(their_ms),
+               "nanogpt_mfu": statistics.median(their_mfu) * NANOGPT_A100 / peak if peak else None}
+    figures["step_ratio"] = ours["ms_per_step"] / figures["nanogpt_ms_per_step"]
+    theirs_said = f"{figures['nanogpt_ms_per_step']:.1f} ms/step" + (
+        f", MFU {100 * figures['nanogpt_mfu']:.1f}%" if figures["nanogpt_mfu"] else "")
+    return (f"{steps} steps compiled: ours {said(ours)}; nanoGPT's {theirs_said}; "
+            f"{figures['step_ratio']:.2f}x its step"), figures
+
+
+def fast_preset(bench):
+    """The fast preset (Muon, rope), compiled on a GPU: its step against the reference's, and how soon its
+    evaluations reach nanoGPT's 1.4697, within --fast_cap seconds."""
+    _, fast = presets(bench)
+    if bench.cfg.smoke:
+        args = [*fast, "--max_iters=10"]
+    else:
+        args = [*fast, "--compile=true", "--eval_interval=500", "--eval_iters=100"]
+    code, lines, records = bench.train("fast", args, bench.cfg.fast_cap)
+    figures = step_figures(records)
+    vals = [(t, float(text.split("val ")[1].split()[0])) for t, text in lines if text.startswith("step ")]
+    reached = [t for t, val in vals if val <= NANOGPT_TARGET]
+    figures["seconds_to_nanogpt_val"] = reached[0] if reached else None
+    reference = bench.figures.get("compiled", {}).get("ours") or bench.figures.get("bf16")
+    if reference and reference.get("ms_per_step") and figures.get("ms_per_step"):
+        figures["step_vs_reference"] = figures["ms_per_step"] / reference["ms_per_step"]
+    to = f"{NANOGPT_TARGET} in {reached[0]:.0f} s of the process" if reached else f"not {NANOGPT_TARGET} in its cap"
+    vs = f"; {figures['step_vs_reference']:.2f}x the reference's step" if "step_vs_reference" in figures else ""
+    return f"{said(figures)}; {to}{vs}" + ("" if code == 0 else " (stopped at its cap)"), figures
+
+
+def automatic(bench, compiled):
+    """No preset: sized for the data and --auto_time; best.pt scored on the whole val split."""
+    name = "auto_compiled" if compiled else "auto"
+    args = [f"--data_dir={bench.work / 'data'}", f"--max_time={'12s' if bench.cfg.smoke else bench.cfg.auto_time}"]
+    args += ["--device=cpu"] if bench.cfg.smoke else []
+    args += ["--compile=true"] if compiled else []
+    _, lines, records = bench.train(name, args, 200)
+    model, _ = model_from_checkpoint(bench.work / name / "best.pt", bench.device)
+    meta, splits = load_data(bench.work / "data")
+    mixed = autocast(bench.device, torch.bfloat16 if bench.gpu else torch.float32)
+    whole = mean_loss(model, splits["val"], model.config.block_size, 64, bench.device, mixed)
+    sized = next((text for _, text in lines if text.startswith("no preset")), "")
+    figures = {**step_figures(records), "whole_val": whole, "sized": sized}
+    return f"{said(figures)}; whole val split {whole:.4f}; {sized[:160]}", figures
+
+
+def sampling(bench):
+    """500 new tokens, temperature 0.8, top-k 200, in one process: ours and nanoGPT's, taking turns, the
+    same shape and random weights, both under bf16 autocast on a GPU."""
+    from model import GPT, GPTConfig
+
+    shape = dict(n_layer=2, n_head=2, n_embd=32, block_size=32) if bench.cfg.smoke else dict(
+        n_layer=6, n_head=6, n_embd=384, block_size=256)
+    new = 50 if bench.cfg.smoke else 500
+    ours = GPT(GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape)).to(bench.device).eval()
+    models = {"ours": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200)}
+    if Path(bench.cfg.nanogpt).exists():
+        spec = importlib.util.spec_from_file_location("nanogpt_model", nanogpt_dir(bench) / "model.py")
+        their_module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(their_module)
+        theirs = their_module.GPT(their_module.GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape))
+        theirs = theirs.to(bench.device).eval()
+        models["nanogpt"] = lambda idx: theirs.generate(idx, new, temperature=0.8, top_k=200)
+    rates = {name: [] for name in models}
+    mixed = autocast(bench.device, torch.bfloat16 if bench.gpu else torch.float32)
+    for _ in range(3):
+        for name, draw in models.items():
+            idx = torch.zeros(1, 1, dtype=torch.long, device=bench.device)
+            with torch.no_grad(), mixed:
+                if bench.gpu:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                draw(idx)
+                if bench.gpu:
+                    torch.cuda.synchronize()
+            rates[name].append(new / (time.perf_counter() - t0))
+    figures = {name: statistics.median(r) for name, r in rates.items()}
+    text = ", ".join(f"{name} {rate:,.0f} tokens/s" for name, rate in figures.items())
+    if "nanogpt" in figures:
+        figures["ratio"] = figures["ours"] / figures["nanogpt"]
+        text += f" ({figures['ratio']:.2f}x nanoGPT's)"
+    return text, figures
+
+
+def torchrun(bench):
+    """The reference preset under torchrun over every GPU present (NCCL; smoke: one CPU process, gloo)."""
+    reference, _ = presets(bench)
+    n = torch.cuda.device_count() if bench.gpu else 1
+    out_dir = bench.work / "torchrun"
+    args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "train.py", *reference,
+            "--max_iters=20", "--eval_interval=10", f"--out_dir={out_dir}", "--overwrite=true"]
+    code, lines = bench.run(args, 150, env={"OMP_NUM_THREADS": "1"})
+    backend = next((text for _, text in lines if "DDP over" in text), "")
+    if code != 0 or not backend:
+        raise RuntimeError(f"torchrun exited {code}: {' | '.join(text for _, text in lines[-3:])}")
+    return f"{backend}; exit 0", {"processes": n, "backend": backend.split("DDP over ")[-1]}
+
+
+# --- The table --------------------------------------------------------------------------------------
+
+
+@system.cli
+def main(argv):
+    cfg = load_config(GpuConfig, argv, "bench/gpu.py", __doc__)
+    bench = Bench(cfg)
+    shutil.rmtree(bench.work, ignore_errors=True)
+    bench.work.mkdir(parents=True)
+    has_nanogpt = Path(cfg.nanogpt).exists() and not cfg.smoke
+    bench.part("machine", 0, the_machine, bench)
+    bench.part("prepare", 5, prepare, bench)
+    bench.part("bf16", 20, bf16_eager, bench)
+    if has_nanogpt and bench.gpu:
+        bench.part("compiled", 90, compiled_against_nanogpt, bench)
+    else:
+        bench.rows.append({"part": "compiled", "status": "skipped", "summary": "needs a GPU and --nanogpt",
+                           "seconds": 0})
+    bench.part("fast", 30 if cfg.smoke else 60, fast_preset, bench)
+    bench.part("auto", 25 if cfg.smoke else 70, automatic, bench, False)
+    bench.part("fp16", 30, fp16_stop_and_resume, bench)
+    bench.part("sampling", 10, sampling, bench)
+    bench.part("torchrun", 15, torchrun, bench)
+    if bench.gpu:
+        bench.part("auto_compiled", 80, automatic, bench, True)
+    out = Path(cfg.out or os.environ.get("OUT") or bench.work)
+    out.mkdir(parents=True, exist_ok=True)
+    table = ["| part | status | what it saw | s |", "|---|---|---|---:|"]
+    table += [f"| {r['part']} | {r['status']} | {r['summary']} | {r['seconds']:.0f} |" for r in bench.rows]
+    (out / "gpu.md").write_text("\n".join(table) + "\n", encoding="utf-8")
+    (out / "gpu.json").write_text(json.dumps({"rows": bench.rows, "figures": bench.figures}, indent=1, default=str),
+                                  encoding="utf-8")
+    print("\n".join(table))
+    print(f"{time.monotonic() - bench.start:.0f} s in all; {out / 'gpu.md'}, {out / 'gpu.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
