@@ -125,6 +125,42 @@ def test_a_signal_to_one_process_or_both_stops_both_at_one_step(data_dir, tmp_pa
     assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)
 
 
+def start_nodes(tmp_path, out_dir, *args):
+    """Two torchrun launchers, as two machines of one process each would run them: a c10d rendezvous
+    (here on this machine), gloo. Each writes its output to out_dir.parent/NAME.NODE.txt."""
+    port, procs = free_port(), []
+    for node in range(2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+               "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=nodes",
+               str(ROOT / "train.py"), *args, f"--out_dir={out_dir}"]
+        log = open(tmp_path / f"{Path(out_dir).name}.{node}.txt", "w", encoding="utf-8")  # noqa: SIM115
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log,
+                                      stderr=subprocess.STDOUT))
+    return procs
+
+
+def test_two_nodes_stop_on_a_signal_to_one_launcher_and_resume_to_the_same_weights(data_dir, tmp_path,
+                                                                                  uninterrupted):
+    out = tmp_path / "nodes"
+    procs = start_nodes(tmp_path, out, *args_for(data_dir))
+    deadline = time.monotonic() + 120
+    while steps_logged(out) < 30 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.005)
+    procs[1].send_signal(signal.SIGTERM)  # one machine's launcher, as a scheduler ending that machine's job would
+    results = finish(tmp_path, out, procs)
+    stopped_at = files.load_checkpoint(out / "ckpt.pt")["iter"]
+    said = [line for _, output in results for line in output.splitlines() if line.startswith("stopped by SIGTERM")]
+    assert said == [f"stopped by SIGTERM at iteration {stopped_at}; saved {out / 'ckpt.pt'} "
+                    "(continue with --init_from=resume)"], results
+    assert 30 <= stopped_at < STEPS and steps_logged(out) == stopped_at
+    # torchrun's own report of it: exit 1, the other launcher's ChildFailedError block naming exit code 143
+    assert [code for code, _ in results] == [1, 1] and any("exitcode  : 143" in output for _, output in results)
+    resumed = finish(tmp_path, out, start_nodes(tmp_path, out, *args_for(data_dir, "--init_from=resume")))
+    assert [code for code, _ in resumed] == [0, 0], resumed
+    final = files.load_checkpoint(out / "ckpt.pt")["model"]
+    assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)
+
+
 def one_error_line(results):
     """The single error line of both processes' output (both exited 2, neither with a traceback)."""
     assert [code for code, _ in results] == [2, 2], results
