@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
 from config import load_config, option  # noqa: E402
 from tinygpt import system  # noqa: E402
+from tinygpt.budget import parse_duration  # noqa: E402
 from tinygpt.dataset import load_data, mean_loss  # noqa: E402
 from tinygpt.decoding import generate  # noqa: E402
 from tinygpt.device import autocast, machine, peak_flops  # noqa: E402
@@ -59,6 +60,7 @@ class GpuConfig:
     steps: int = option(300, "steps of each timed run (bf16, compiled, nanoGPT's)", low=10)
     auto_time: str = option("1m", "the automatic run's --max_time")
     fast_cap: int = option(100, "seconds the fast preset may train, towards nanoGPT's 1.4697", low=1)
+    parts: list[str] = option([], "run only these parts, by name (empty: every one); machine always runs")
 
 
 class Bench:
@@ -75,6 +77,8 @@ class Bench:
 
     def part(self, name, needs, fn, *args):
         """Runs fn(*args) -> (summary, figures) if `needs` seconds are left; records a skip, or a failure."""
+        if self.cfg.parts and name not in self.cfg.parts and name != "machine":
+            return
         t0 = time.monotonic()
         if self.left() < needs:
             summary, status = f"{self.left():.0f} s left of --budget, {needs} s needed", "skipped"
@@ -273,7 +277,7 @@ def automatic(bench, compiled):
     args = [f"--data_dir={bench.work / 'data'}", f"--max_time={'12s' if bench.cfg.smoke else bench.cfg.auto_time}"]
     args += ["--device=cpu"] if bench.cfg.smoke else []
     args += ["--compile=true"] if compiled else []
-    _, lines, records = bench.train(name, args, 200)
+    _, lines, records = bench.train(name, args, parse_duration(args[1].split("=")[1]) + 120)
     model, _ = model_from_checkpoint(bench.work / name / "best.pt", bench.device)
     meta, splits = load_data(bench.work / "data")
     mixed = autocast(bench.device, torch.bfloat16 if bench.gpu else torch.float32)
@@ -350,7 +354,7 @@ def main(argv):
     bench.part("bf16", 20, bf16_eager, bench)
     if has_nanogpt and bench.gpu:
         bench.part("compiled", 90, compiled_against_nanogpt, bench)
-    else:
+    elif not cfg.parts or "compiled" in cfg.parts:
         bench.rows.append({"part": "compiled", "status": "skipped", "summary": "needs a GPU and --nanogpt",
                            "seconds": 0})
     bench.part("fast", 30 if cfg.smoke else 60, fast_preset, bench)
