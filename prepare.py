@@ -17,6 +17,7 @@ char reads them twice (first to find the characters), BPE encodes on every core.
 """
 
 from tinygpt import system  # first: Ctrl-C while the imports load is one line, not a traceback  # isort: skip
+import errno
 import hashlib
 import itertools
 import json
@@ -61,9 +62,8 @@ def main(argv):
     if cfg.input:
         files = input_files(cfg.input)
         out_dir = Path(cfg.out_dir or default_out_dir(cfg.input[0], files, cfg.tokenizer))
-    else:
-        out_dir = Path(cfg.out_dir or f"data/shakespeare_{cfg.tokenizer}")
-        files = [download_shakespeare(cfg.url, out_dir / "input.txt")]
+    else:  # Tiny Shakespeare, downloaded into out_dir below
+        files, out_dir = [], Path(cfg.out_dir or f"data/shakespeare_{cfg.tokenizer}")
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out_dir {out_dir} is a file, not a directory; pick another --out_dir")
     # A name that is not valid UTF-8 is shown with U+FFFD in its place (meta.json is UTF-8).
@@ -71,15 +71,26 @@ def main(argv):
     # The new data set is built beside out_dir, then swapped in whole: a failure, Ctrl-C or a
     # kill at any moment leaves the old one, complete, and the next run removes the leftovers.
     try:
+        files = files or [download_shakespeare(cfg.url, out_dir / "input.txt")]
         with staging_dir(out_dir) as stage:
             tokenizer, (n_chars, n_tokens, n_train) = write_dataset(stage, files, tokenizer, cfg.val_fraction, source)
             swap_in(stage, out_dir, replaced=DATASET_FILES)
     except OSError as e:
-        raise UserError(f"{write_error(out_dir, e)}; the data set there is as it was: free some space, "
-                        "or pick another --out_dir") from None
+        raise UserError(f"{write_error(out_dir, e)}; the data set there is as it was: {how_to_fix(e, out_dir)}") \
+            from None
     print(f"{n_chars:,} characters in {len(files)} file(s), {cfg.tokenizer} vocabulary of {tokenizer.vocab_size:,}, "
           f"{n_train:,} train and {n_tokens - n_train:,} val tokens -> {out_dir}")
     return 0
+
+
+def how_to_fix(e, out_dir):
+    """What to do about OSError e, which stopped the new data set going into out_dir, by its cause."""
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):  # the new data set is made beside out_dir
+        return f"{out_dir} or the directory it is in is not writable; get write permission, or pick another --out_dir"
+    if e.errno in (errno.EXDEV, errno.EBUSY):  # what a mount point's rename fails with
+        return (f"{out_dir} is a mount point, which cannot be swapped for the new data set; pick another --out_dir, "
+                "e.g. a directory inside it")
+    return "free some space, or pick another --out_dir"
 
 
 def default_out_dir(first_input, files, tokenizer):

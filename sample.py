@@ -1,10 +1,10 @@
 r"""Generates text from a checkpoint written by train.py, printing it as it comes.
 
-    python sample.py --out_dir=out/shakespeare_char
-    python sample.py --out_dir=out --start="ROMEO:" --num_samples=3 --max_new_tokens=200
-    python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0
-    python sample.py --out_dir=out --prompts=prompts.txt    # one prompt a line, one batch
-    python sample.py --out_dir=out --start="ROMEO:" --stop="\n\n"   # each sample ends at a blank line
+    python sample.py                                    # what python train.py trained, in out/shakespeare_char
+    python sample.py --start="ROMEO:" --num_samples=3 --max_new_tokens=200
+    python sample.py --start=FILE:prompt.txt --temperature=0
+    python sample.py --prompts=prompts.txt    # one prompt a line, one batch
+    python sample.py --start="ROMEO:" --stop="\n\n"   # each sample ends at a blank line
     python sample.py --init_from=gpt2-xl --start="The meaning of life is"   # GPT-2 (see tinygpt/gpt2.py)
 
 The checkpoint holds all that is needed: the weights, the model's shape and the
@@ -17,12 +17,12 @@ import sys
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from config import UserError, load_config, option
 from tinygpt import decoding
 from tinygpt.device import autocast, choose_device, pick_dtype
-from tinygpt.prompts import encode_prompts, read_prompts
-from tinygpt.textstream import TextStream, unescape
+from tinygpt.prompts import TextStream, encode_prompts, read_prompts, unescape
 from tinygpt.weights import load_model
 
 SEPARATOR = "-" * 40
@@ -30,7 +30,8 @@ SEPARATOR = "-" * 40
 
 @dataclass
 class SampleConfig:
-    out_dir: str = option("out", "the directory train.py wrote its checkpoints to")
+    out_dir: str = option("out/shakespeare_char", "the directory train.py wrote its checkpoints to (its default: "
+                          "out/shakespeare_char)")
     checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); "
                              "empty: best.pt when it exists")
     init_from: str = option("resume", "resume: the checkpoint in out_dir; or GPT-2: gpt2, gpt2-medium, gpt2-large, "
@@ -79,7 +80,8 @@ def print_samples(model, rows, cfg, tokenizer, generator):
         add(r, tokenizer.decode(ids))  # the prompt, as the tokenizer reads it
     tokens = decoding.stream(model, idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, valid=valid,
                              use_cache=cfg.kv_cache, generator=generator)
-    for token in tokens:  # (B, 1)
+    # A batch prints when it is done: until then a bar on a terminal's stderr says how far it is.
+    for token in tqdm(tokens, f"{len(rows):,} samples", cfg.max_new_tokens, unit="token", disable=live or None):
         for r, t in enumerate(token[:, 0].tolist()):
             add(r, streams[r].push([t]))
         if all(stream.stopped for stream in streams):

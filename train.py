@@ -92,6 +92,8 @@ def main(argv):
     cfg = load_config(TrainConfig, argv, "train.py", __doc__, sources=sources)
     cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
     procs = device.start_processes(cfg.device)
+    if not Path(cfg.data_dir, "meta.json").exists():
+        prepare_shakespeare(cfg.data_dir, procs)
     lock, status = files.RunLock(cfg.out_dir), None
     try:
         with system.Stop() as stop:  # Ctrl-C, SIGTERM, SIGHUP
@@ -104,6 +106,17 @@ def main(argv):
     finally:
         lock.release()
         device.end_processes(finished=status is not None)
+
+
+def prepare_shakespeare(data_dir, procs):
+    """The default data set, on a fresh clone, made as python prepare.py makes it (downloaded, checked); no other:
+    its error names the command. By one process alone: under torchrun, they would race."""
+    if data_dir == TrainConfig.data_dir and procs.world == 1:
+        print(f"{data_dir} is not there yet: preparing it first, as python prepare.py does")
+        import prepare  # only here: the tokenizers and the download are not a run's
+
+        if prepare.main([]):
+            raise UserError("")  # prepare.py has said why
 
 
 # --- Setting up ------------------------------------------------------------------------------------
@@ -169,12 +182,17 @@ def set_up(cfg, sources, procs, lock):
             weights.check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
             run.it, run.best_val, run.bad_evals, run.evaluated = weights.restore(ckpt, run.raw_model,
                                                                                  run.optimizer, run.scaler)
+            if run.it >= cfg.max_iters:
+                raise UserError(f"{saved(cfg)} is at iteration {run.it} and --max_iters is {cfg.max_iters}: nothing "
+                                f"is left to train; to go on, give more, e.g. --max_iters={max(2 * run.it, 100)}")
             procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
     del pretrained, ckpt  # not twice in memory
     run.model = procs.wrap(device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else run.raw_model)
     if time_budget is not None:
-        step_s, eval_s = time_budget.times or probe(run)
-        run.cfg, said = time_budget.fit(run.cfg, step_s, eval_s, procs.broadcast((budget.process_age(),))[0])
+        with device.peer_lost():  # the probe's steps, under DDP
+            step_s, eval_s = time_budget.times or probe(run)
+        now = procs.broadcast((budget.process_age(),))[0]
+        run.cfg, said = time_budget.fit(run.cfg, step_s, eval_s, now, len(run.splits["val"]))
         run.time_budget = time_budget
         procs.say(said)
     with procs.fail_together():  # the first write
@@ -235,7 +253,7 @@ def train(run, stop):
     x, y = next(batches)
     # The loop's own step and evaluation times, for the budget to fit the steps again as the run goes.
     times = budget.LoopTimes(run.it) if run.time_budget else contextlib.nullcontext()
-    signum, bad, stop.looping = 0, None, True  # a signal or a bad loss ends it
+    signum, bad, stop.model = 0, None, run.raw_model  # a signal or a bad loss ends it
     with tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None) as bar:
         while True:
             eval_due = evaluation_due(run)
@@ -248,8 +266,8 @@ def train(run, stop):
                 with times, run.procs.fail_together():  # a full disk ends every process
                     if run.procs.master:
                         evaluate(run, lr, bar.write)
-                run.bad_evals = int(run.procs.broadcast((run.bad_evals,))[0])  # rank 0's
-            if run.it >= run.cfg.max_iters or 0 < run.cfg.patience <= run.bad_evals:
+                run.bad_evals, signum = map(int, run.procs.broadcast((run.bad_evals, stop.signum or 0)))  # rank 0's
+            if signum or run.it >= run.cfg.max_iters or 0 < run.cfg.patience <= run.bad_evals:
                 break
             t0 = time.perf_counter()
             if run.cfg.dropout > 0:  # this step's dropout masks
@@ -299,9 +317,12 @@ def get_lr(it, cfg):
 
 def evaluate(run, lr, write):
     """Estimates the losses (the same batches each time: a change is the model's) and logs them; saves
-    ckpt.pt, and best.pt when val improved."""
+    ckpt.pt, and best.pt when val improved. A stop signal ends it between two batches, with nothing saved."""
     model = getattr(run.model, "module", run.model)  # never under DDP
-    losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, run.eval_autocast)
+    try:
+        losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, run.eval_autocast)
+    except system.Stopped:  # a signal, which ends an evaluation between batches: the run stops, nothing saved
+        return model.train()
     record = {"iter": run.it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
               "val_bpc": losses["val"] / math.log(2)}
     if run.procs.device_type == "cuda":
@@ -359,7 +380,7 @@ def finish(run, signum=0):
     stopped early (no better val loss for --patience evaluations), or done."""
     if signum:
         with run.procs.fail_together():
-            if run.procs.master:
+            if run.procs.master and run.evaluated != run.it:  # else this step's evaluation has saved it
                 save_checkpoint(run_state(run, None), saved(run.cfg))
         run.procs.say(f"stopped by {system.signal_name(signum)} at iteration {run.it}; saved {saved(run.cfg)} "
                       "(continue with --init_from=resume)")

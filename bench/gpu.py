@@ -37,12 +37,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
+from machine import machine  # noqa: E402
+
 from config import load_config, option  # noqa: E402
 from tinygpt import system  # noqa: E402
 from tinygpt.budget import parse_duration  # noqa: E402
 from tinygpt.dataset import load_data, mean_loss  # noqa: E402
 from tinygpt.decoding import generate  # noqa: E402
-from tinygpt.device import autocast, machine, peak_flops  # noqa: E402
+from tinygpt.device import autocast, peak_flops  # noqa: E402
 from tinygpt.weights import model_from_checkpoint  # noqa: E402
 
 NANOGPT_TARGET = 1.4697  # nanoGPT's README: val loss of its GPU reference run after 5000 steps

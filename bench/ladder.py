@@ -29,12 +29,13 @@ sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
 from tinygpt import system# noqa: E402  first: Ctrl-C while torch loads is one line  # isort: skip
 import torch  # noqa: E402
+from machine import machine  # noqa: E402
 
 import train  # noqa: E402
 from config import UserError, help_text, load_config, option  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tinygpt.dataset import check_block_size, load_data  # noqa: E402
-from tinygpt.device import check_model_fits, choose_device, machine, pick_dtype  # noqa: E402
+from tinygpt.device import check_model_fits, choose_device, pick_dtype  # noqa: E402
 from tinygpt.files import (  # noqa: E402
     load_checkpoint,  # noqa: E402
     write_atomic,
@@ -94,6 +95,9 @@ def pick_rungs(wanted):
             if not hits:
                 raise UserError(f"--rungs: no rung {name!r}; the rungs are {', '.join(p.stem for p in presets)}")
             chosen |= hits
+    if wanted and not chosen:  # --rungs= given but empty: not "all", which leaving it out says
+        raise UserError(f"--rungs is empty; name rungs by number or name, e.g. --rungs=3,4, or leave it out for all; "
+                        f"the rungs are {', '.join(p.stem for p in presets)}")
     return sorted(chosen) if chosen else presets
 
 
@@ -258,6 +262,9 @@ def main(argv):
                         "directory and --force to train again")
     load_config(train.TrainConfig, overrides)  # a bad train.py option fails now, not at rung 5
     out = Path(cfg.out or ("out/ladder" if cfg.budget == "cpu" else f"out/ladder_{cfg.budget}"))
+    blocked = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocked:  # else each rung's train.py would fail on it, naming its own --out_dir
+        raise UserError(f"--out {out} cannot be a directory: {blocked} is a file; pick another --out")
 
     # Plan every rung before training any, so a mistake shows now and not after twenty minutes.
     plan = []

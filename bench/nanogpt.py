@@ -51,13 +51,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
+from machine import machine  # noqa: E402
+
 import train  # noqa: E402
 from config import UserError, load_config, option  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tinygpt import system  # noqa: E402
 from tinygpt.dataset import mean_loss  # noqa: E402
 from tinygpt.decoding import generate  # noqa: E402
-from tinygpt.device import machine, peak_flops, pick_dtype  # noqa: E402
+from tinygpt.device import peak_flops, pick_dtype  # noqa: E402
 from tinygpt.system import keep_freed_memory  # noqa: E402
 
 # nanoGPT's CPU configuration, as its README gives it.

@@ -4,6 +4,7 @@ the best model by default, and where a run's files go when nobody says."""
 import dataclasses
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -235,10 +236,26 @@ def test_only_evaluations_the_budget_spreads_read_fewer_batches(given, expected)
     assert fitted.eval_iters == expected
 
 
-def test_no_time_left_is_a_user_error():
-    cfg = train.TrainConfig(max_time="1s")
-    with pytest.raises(UserError, match="leaves"):
-        budget.Budget(cfg, {}).fit(cfg, step_s=5.0, eval_s=1.0, elapsed=0.0)
+@pytest.mark.parametrize("spread", [True, False])
+def test_no_time_left_is_a_user_error_whose_numbers_add_up(spread):
+    cfg = train.TrainConfig(max_time="10s", eval_interval=50)
+    given = {"eval_iters": "command line"} | ({} if spread else {"eval_interval": "p.toml"})
+    with pytest.raises(UserError) as e:
+        budget.Budget(cfg, given).fit(cfg, step_s=5.0, eval_s=3.0, elapsed=0.0)
+    left, step_s, evals, eval_s = map(float, re.search(
+        r"leaves (\d+) s after start-up, less than a step \(([\d.]+) s\) and the (\d+) evaluations a run needs "
+        r"\(([\d.]+) s each\)", str(e.value)).groups())
+    assert step_s + evals * eval_s > left  # what it says does not fit, does not
+
+
+def test_a_slow_machine_evaluates_part_of_a_small_val_split_rather_than_refuse_its_own_plan():
+    """The README's own-text command at 60s on a busy machine: the sizing chose the run, whose evaluations of
+    the whole val split (75,000 tokens) timed at 23.3 s each, and 5 of them cannot fit in 44 s."""
+    cfg = train.TrainConfig(max_time="60s", eval_iters=0, batch_size=16, block_size=128)
+    fitted, said = budget.Budget(cfg, {}).fit(cfg, step_s=0.76, eval_s=23.31, elapsed=60 * budget.USABLE - 44,
+                                              val_tokens=75_000)
+    assert 0 < fitted.eval_iters < 75_000 / (16 * 128) and fitted.max_iters > 20
+    assert budget.Budget(cfg, {}).fit(cfg, step_s=0.01, eval_s=0.1, elapsed=0.0, val_tokens=75_000)[0].eval_iters == 0
 
 
 class FakeClock:

@@ -122,6 +122,51 @@ def test_signal_finishes_the_step_saves_and_exits(data_dir, uninterrupted, tmp_p
     assert losses(tmp_path) == uninterrupted
 
 
+# Runs train.py, but sends itself SIGTERM while the first evaluation draws its 20th batch.
+TERM_IN_EVALUATION = """
+import os, signal, sys
+sys.path.insert(0, os.getcwd())
+import train
+real_get_batch, calls = train.get_batch, 0
+def get_batch(*args, **kwargs):
+    global calls
+    calls += 1
+    if calls == 21:  # the first is the loop's first training batch
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_get_batch(*args, **kwargs)
+train.get_batch = get_batch
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_a_signal_ends_an_evaluation_between_two_batches_and_the_run_resumes_exactly(data_dir, uninterrupted,
+                                                                                       tmp_path):
+    proc = start(data_dir, tmp_path, "--eval_iters=1000000", script=TERM_IN_EVALUATION)  # hours, if not stopped
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    assert f"stopped by SIGTERM at iteration 0; saved {tmp_path / 'ckpt.pt'}" in out
+    assert files.load_checkpoint(tmp_path / "ckpt.pt")["val_loss"] is None  # the evaluation was not finished
+    args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *RUN, "--init_from=resume"]
+    assert train.main(args + ["--eval_iters=2"]) == 0  # tiny.toml's, as the uninterrupted run's
+    assert losses(tmp_path) == uninterrupted
+
+
+def test_two_signals_in_a_long_evaluation_end_the_run_within_seconds_with_one_line(data_dir, tmp_path):
+    proc = start(data_dir, tmp_path, "--eval_iters=1000000")
+    while "params" not in proc.stdout.readline():  # the last line before the loop and its first evaluation
+        assert proc.poll() is None, proc.communicate()
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    # The first may have ended the run already: the second then meets Python's exit, whose default action
+    # ends the process by the signal, which a shell reports as 143 too.
+    assert proc.returncode in (143, -signal.SIGTERM) and "Traceback" not in err, err
+    said = [line for line in (out + err).splitlines() if line.startswith("stopped by")]
+    assert len(said) == 1, out + err
+
+
 def test_non_finite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, capsys):
     args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=50", "--eval_interval=50"]
     assert train.main(args + ["--learning_rate=1e30", "--warmup_iters=0", "--grad_clip=0"]) == 2

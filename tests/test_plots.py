@@ -195,6 +195,31 @@ def test_a_bad_log_line_is_named(run, tmp_path, capsys):
     assert f"log.jsonl line {lines} is not JSON" in capsys.readouterr().err
 
 
+def test_a_file_named_where_a_run_belongs_is_one_error_line(run, tmp_path, capsys):
+    assert plot.main(["losses", str(run / "ckpt.pt"), f"--out={tmp_path / 'x.png'}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {run / 'ckpt.pt' / 'log.jsonl'} not found; name a directory train.py wrote to " \
+                  "(its --out_dir)\n"
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("ymax", ["-1", "0", "LOWEST"])
+def test_a_ymax_not_above_the_lowest_loss_drawn_is_one_error_line(ymax, run, tmp_path, capsys):
+    lowest = min(r[f"{s}_loss"] for r in plot.read_evals(str(run)) for s in ("train", "val"))
+    ymax = str(lowest) if ymax == "LOWEST" else ymax
+    assert plot.main(["losses", str(run), f"--ymax={ymax}", f"--out={tmp_path / 'x.png'}"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --ymax={float(ymax):g} is not above the lowest loss drawn ({lowest:.4f}); raise it or "
+                   "omit it\n")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_a_ymax_just_above_the_lowest_loss_drawn_is_the_top_of_the_axis(plt, run):
+    lowest = min(r["val_loss"] for r in plot.read_evals(str(run)))
+    fig = plot.plot_losses(plot.LossesConfig(runs=[str(run)], splits=["val"], ymax=lowest + 0.01))
+    assert fig.axes[0].get_ylim()[1] == pytest.approx(lowest + 0.01)
+
+
 def test_a_model_without_attention_is_one_error_line(data_dir, tmp_path, capsys):
     out = tmp_path / "bigram"
     assert train.main(["config/ladder/01_bigram.toml", f"--data_dir={data_dir}", f"--out_dir={out}", *TINY]) == 0
@@ -274,6 +299,26 @@ def test_ladder_bad_input_is_one_error_line(args, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error:") and err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "ladder").exists()
+
+
+@pytest.mark.parametrize("rungs", ["--rungs=", "--rungs=,"])
+def test_ladder_empty_rungs_is_an_error_naming_the_rungs(rungs, tmp_path, capsys):
+    # --data_dir names no data: without the check the first rung would fail on it, not train
+    assert ladder.main([rungs, f"--out={tmp_path}/ladder", f"--data_dir={tmp_path}/none"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --rungs is empty; name rungs by number or name, e.g. --rungs=3,4, or leave it out "
+                          "for all; the rungs are 01_bigram, 02_average, 03_head, ") and err.count("\n") == 1, err
+    assert not (tmp_path / "ladder").exists()
+
+
+@pytest.mark.parametrize("below", ["", "/ladder"])
+def test_ladder_out_that_is_a_file_is_named_as_out(below, data_dir, tmp_path, capsys):
+    (tmp_path / "table.md").write_text("kept")
+    out = tmp_path / f"table.md{below}"
+    assert ladder.main(["--rungs=1", f"--out={out}", f"--data_dir={data_dir}", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --out {out} cannot be a directory: {tmp_path / 'table.md'} is a file; pick another --out\n"
+    assert (tmp_path / "table.md").read_text() == "kept"
 
 
 def test_rungs_are_named_by_file_number_or_name():

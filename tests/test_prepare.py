@@ -1,11 +1,14 @@
 """prepare.py: text in, token bins and meta.json out; every bad input is one
 `error:` line, exit 2, and leaves what was on disk as it was."""
 
+import errno
 import functools
 import hashlib
 import http.server
 import json
+import os
 import socket
+import stat
 import threading
 from pathlib import Path
 
@@ -135,6 +138,61 @@ def test_bad_input_is_one_error_line_and_leaves_out_dir_alone(prepared, tmp_path
     assert prepare.main([*args(tmp_path), "--out_dir", str(prepared)]) == 2
     assert_one_error_line(capsys, *fragments)
     assert snapshot(prepared) == before
+
+
+# (errno, what the message says to do): the cause, not a full disk, unless it is one
+WRITE_FAILURES = [
+    (errno.EROFS, "{out} or the directory it is in is not writable; get write permission, or pick another --out_dir"),
+    (errno.EACCES, "{out} or the directory it is in is not writable; get write permission, or pick another --out_dir"),
+    (errno.EPERM, "{out} or the directory it is in is not writable; get write permission, or pick another --out_dir"),
+    (errno.EXDEV, "{out} is a mount point, which cannot be swapped for the new data set; pick another --out_dir, e.g. "
+                  "a directory inside it"),
+    (errno.EBUSY, "{out} is a mount point, which cannot be swapped for the new data set; pick another --out_dir, e.g. "
+                  "a directory inside it"),
+    (errno.ENOSPC, "free some space, or pick another --out_dir"),
+]
+
+
+@pytest.mark.parametrize("code, fix", WRITE_FAILURES, ids=[errno.errorcode[c] for c, _ in WRITE_FAILURES])
+def test_a_failed_swap_names_its_cause_and_leaves_out_dir_alone(prepared, tmp_path, monkeypatch, capsys, code, fix):
+    def refuse(stage, target, replaced):
+        raise OSError(code, os.strerror(code), str(target))
+
+    monkeypatch.setattr(prepare, "swap_in", refuse)
+    before = snapshot(prepared)
+    capsys.readouterr()
+    assert prepare.main(["--input", write(tmp_path / "new.txt", "another text " * 50), "--out_dir", str(prepared)]) == 2
+    cause = "no space left on device writing" if code == errno.ENOSPC else "cannot write"
+    what = f"{prepared}" if code == errno.ENOSPC else f"{prepared} ({os.strerror(code)})"
+    assert capsys.readouterr().err == (f"error: {cause} {what}; the data set there is as it was: "
+                                       f"{fix.format(out=prepared)}\n")
+    assert snapshot(prepared) == before
+
+
+@needs_shakespeare
+def test_a_download_into_a_read_only_out_dir_names_the_cause(serve, tmp_path, monkeypatch, capsys):
+    def read_only(path, content):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(textfiles, "write_atomic", read_only)
+    out = tmp_path / "out"
+    assert prepare.main(["--url", serve("input.txt", SHAKESPEARE.read_bytes()), "--out_dir", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: cannot write {out} (Read-only file system); the data set there is as "
+                                       f"it was: {out} or the directory it is in is not writable; get write "
+                                       "permission, or pick another --out_dir\n")
+
+
+def test_preparing_again_keeps_the_data_directorys_mode_and_owner(tmp_path):
+    out = tmp_path / "out"
+    args = ["--input", write(tmp_path / "a.txt", "abc" * 100), "--out_dir", str(out)]
+    assert prepare.main(args) == 0
+    out.chmod(0o750)
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if root:  # only root may give a directory away
+        os.chown(out, 1234, 5678)
+    assert prepare.main(args) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+    assert not root or (out.stat().st_uid, out.stat().st_gid) == (1234, 5678)
 
 
 def test_bad_byte_offset_counts_from_the_start_of_the_file(tmp_path, monkeypatch, capsys):

@@ -23,7 +23,7 @@ TINY = str(ROOT / "config" / "tiny.toml")
 STEPS = 200
 # One process of two: train.main with an injected fault (INJECT), its exit code written beside the run.
 WORKER = textwrap.dedent("""
-    import errno, math, os, sys
+    import errno, math, os, signal, sys
     sys.path.insert(0, os.getcwd())
     import torch, train
     rank, inject = int(os.environ["RANK"]), os.environ.get("INJECT", "")
@@ -42,6 +42,13 @@ WORKER = textwrap.dedent("""
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real_save(obj, f, *args, **kwargs)
         torch.save = save
+    if inject.startswith("term:") and rank == 1:  # a SIGTERM to rank 1 alone as set-up reaches inject's function
+        where, name = (train.device.Processes, "wrap") if inject == "term:wrap" else (train, inject[5:])
+        real = getattr(where, name)
+        def signalled(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return real(*args, **kwargs)
+        setattr(where, name, signalled)
     train.device.exit_process(train.main(sys.argv[1:]))  # as `python train.py` ends
 """)
 
@@ -196,3 +203,13 @@ def test_a_locked_out_dir_stops_both_with_one_line(data_dir, tmp_path):
     finally:
         holder.release()
     assert "is in use by another run" in line
+
+
+@pytest.mark.parametrize("where", ["term:build", "term:probe", "term:wrap"])
+def test_a_signal_to_one_process_while_starting_stops_both_with_one_line(data_dir, tmp_path, where):
+    results = run(tmp_path, tmp_path / "run", *args_for(data_dir, "--max_time=30s"), inject=where)
+    assert results[1] == (143, "")  # rank 1, signalled: under torchrun rank 0 alone speaks
+    code, out = results[0]
+    assert code == 2 and "Traceback" not in out, out
+    assert out.splitlines()[-1].startswith("error: lost another process of this run ("), out
+    assert "by peer" in out.splitlines()[-1], out  # gloo: connection closed, or reset, by peer

@@ -23,7 +23,7 @@ import torch
 import prepare
 import sample
 import train
-from tinygpt import dataset, files
+from tinygpt import dataset, files, score
 from tinygpt.tokenizer import tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -403,6 +403,14 @@ def test_a_prompt_in_decomposed_unicode_is_read_in_the_form_the_model_knows(cafe
     assert sample.main([f"--out_dir={cafe}", f"--start={typed}", "--max_new_tokens=3", "--temperature=0"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("un café") and "Unicode form NFC" in err
+
+
+def test_score_notes_the_unicode_form_its_input_is_read_in(cafe, tmp_path, capsys):
+    (tmp_path / "nfd.txt").write_text(unicodedata.normalize("NFD", "un café au lait"), encoding="utf-8")
+    assert score.main([f"--out_dir={cafe}", f"--input={tmp_path / 'nfd.txt'}"]) == 0
+    err = capsys.readouterr().err
+    assert err == f"note: --input {tmp_path / 'nfd.txt'} is read in Unicode form NFC, whose characters the model " \
+                  "knows\n"
 
 
 def test_an_accent_the_model_knows_in_no_form_is_named_with_a_hint(cafe, capsys):

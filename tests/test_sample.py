@@ -11,7 +11,7 @@ import train
 from model import GPT, GPTConfig
 from tinygpt import decoding, prompts
 from tinygpt.decoding import KVCache, generate, sample_next, stream
-from tinygpt.textstream import TextStream, unescape
+from tinygpt.prompts import TextStream, unescape
 from tinygpt.tokenizer import tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,6 +329,38 @@ def test_bad_input_is_one_error_line_and_exit_code_2(capsys, out_dir, args, says
     code, out, err = run_sample(capsys, out_dir, *args)
     assert code == 2 and out == ""
     assert err.startswith("error: ") and err.count("\n") == 1 and says in err
+
+
+def test_a_checkpoint_name_that_is_not_there_names_those_that_are(capsys, out_dir):
+    code, out, err = run_sample(capsys, out_dir, "--checkpoint=nope.pt")
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: checkpoint {out_dir / 'nope.pt'} not found; {out_dir} holds best.pt, ckpt.pt")
+    assert err.endswith(": name one of those\n") and err.count("\n") == 1
+
+
+def test_a_checkpoint_whose_config_does_not_match_its_weights_says_so_before_building_it(capsys, out_dir, tmp_path):
+    ckpt = torch.load(out_dir / "ckpt.pt", weights_only=True)
+    ckpt["model_config"]["n_embd"] = 100_000  # a model of 480 billion parameters, were it built
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    code, out, err = run_sample(capsys, tmp_path, "--checkpoint=ckpt.pt")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "its model_config (vocab_size, n_embd, n_layer (" in err and "100000" in err
+    assert "does not match its weights" in err and "changed after train.py wrote it" in err
+
+
+@pytest.mark.parametrize("prompts, shown", [(["ROMEO:"], False), (["ROMEO:", "JULIET:", "Nurse:"], True)])
+def test_a_batch_of_prompts_shows_its_progress_where_one_prompt_shows_its_text(capsys, out_dir, tmp_path,
+                                                                                monkeypatch, prompts, shown):
+    bars = []
+
+    def bar(iterable, desc, total, unit, disable):
+        bars.append((desc, total, unit, disable))
+        return iterable
+
+    monkeypatch.setattr(sample, "tqdm", bar)
+    (tmp_path / "p.txt").write_text("\n".join(prompts), encoding="utf-8")
+    assert run_sample(capsys, out_dir, f"--prompts={tmp_path / 'p.txt'}")[0] == 0
+    assert bars == [(f"{len(prompts)} samples", 24, "token", None if shown else True)]  # None: on a terminal
 
 
 def test_top_k_above_the_vocabulary_is_clamped(capsys, out_dir):

@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,16 @@ def test_unknown_characters_are_named_or_skipped(run, tmp_path, capsys):
     assert f"'☃' ({tmp_path / 't.txt'} line 2 column 8)" in err and "--unknown=skip" in err
     code, printed, err = run_score(capsys, f"--out_dir={run}", f"--input={tmp_path / 't.txt'}", "--unknown=skip")
     assert code == 0 and err.startswith("warning: dropped") and float(printed["bits per character"]) > 0
+
+
+def test_a_run_directory_as_init_from_scores_its_best_checkpoint(run, tmp_path, capsys):
+    assert (run / "best.pt").is_file()
+    shutil.copy(run / "best.pt", tmp_path / "best.pt")
+    (tmp_path / "ckpt.pt").write_bytes(b"not the checkpoint to take")  # best.pt, when it exists, as sample.py
+    (tmp_path / "t.txt").write_text("the cat sat on the mat.\n" * 3)
+    code, printed, err = run_score(capsys, f"--init_from={tmp_path}", f"--input={tmp_path / 't.txt'}")
+    assert (code, err) == (0, "")
+    assert printed == run_score(capsys, f"--out_dir={run}", "--checkpoint=best.pt", f"--input={tmp_path / 't.txt'}")[1]
 
 
 @pytest.mark.parametrize("args,says", [

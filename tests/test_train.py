@@ -139,8 +139,35 @@ def test_unknown_key_suggests_the_closest(data_dir, tmp_path, capsys):
 def test_resume_with_another_model_shape_says_what_differs(data_dir, tmp_path, capsys):
     assert run_train(data_dir, tmp_path, "--max_iters=2") == 0
     capsys.readouterr()
-    assert run_train(data_dir, tmp_path, "--max_iters=4", "--init_from=resume", "--n_embd=48") == 2
-    assert "n_embd" in error_line(capsys)
+    assert run_train(data_dir, tmp_path, "--max_iters=4", "--init_from=resume", "--n_embd=48", "--n_layer=3") == 2
+    line = error_line(capsys)
+    assert "as --n_layer=3 (it has 2), --n_embd=48 (it has 32): a resumed run keeps its model; drop" in line
+    assert "{" not in line
+
+
+def test_resuming_a_run_that_has_taken_all_its_steps_says_how_to_go_on(data_dir, tmp_path, capsys):
+    assert run_train(data_dir, tmp_path, "--max_iters=4", "--eval_interval=2") == 0
+    before = (tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()
+    capsys.readouterr()
+    for max_iters in ("4", "3"):
+        assert run_train(data_dir, tmp_path, f"--max_iters={max_iters}", "--init_from=resume") == 2
+        assert error_line(capsys) == (f"error: {tmp_path / 'ckpt.pt'} is at iteration 4 and --max_iters is "
+                                      f"{max_iters}: nothing is left to train; to go on, give more, e.g. "
+                                      "--max_iters=100")
+    assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
+
+
+def test_auto_dtype_on_a_cpu_is_the_same_idle_or_busy(monkeypatch):
+    """What the CPU can do decides, not a timing: a clock that makes every matmul look slow or fast changes nothing."""
+    import time
+
+    chosen = set()
+    for tick in (1e-9, 10.0):  # seconds each look at the clock adds: an idle machine, a very busy one
+        clock = iter(range(10**6))
+        monkeypatch.setattr(time, "perf_counter", lambda tick=tick, clock=clock: next(clock) * tick)
+        monkeypatch.setattr(time, "time", lambda tick=tick, clock=clock: next(clock) * tick)
+        chosen.add(device.pick_dtype("auto", "cpu", training=True))
+    assert chosen == {torch.bfloat16 if device.cpu_has_bf16() else torch.float32}
 
 
 def test_resume_without_a_checkpoint_is_an_error(data_dir, tmp_path, capsys):

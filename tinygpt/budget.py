@@ -20,6 +20,7 @@ import time
 import torch
 
 from config import UserError
+from tinygpt.device import train_flops_per_token
 from tinygpt.system import process_age  # the budget's clock
 
 DEFAULT_BUDGET = "5m"  # with no preset and no --max_iters: a few minutes of a laptop's time
@@ -78,9 +79,8 @@ def block_params(n_layer, n_embd):
 
 
 def model_flops_per_token(n_layer, n_embd, block_size, vocab_size):
-    """Training FLOPs per token of a model not built yet: 6 per weight of its blocks and of the embedding
-    it shares with the head, and attention over the context."""
-    return 6 * (block_params(n_layer, n_embd) + vocab_size * n_embd) + 12 * n_layer * n_embd * block_size
+    """Training FLOPs per token of a model not built yet: its blocks and the embedding it shares with the head."""
+    return train_flops_per_token(block_params(n_layer, n_embd) + vocab_size * n_embd, n_layer, n_embd, block_size)
 
 
 def first_guess(val_tokens):
@@ -207,19 +207,21 @@ class Budget:
         self.max_steps = min(most, self.max_steps or most)
         self.times = times.get(dataclasses.astuple(cfg)) if world == 1 and not cfg.compile else None
 
-    def fit(self, cfg, step_s, eval_s, elapsed):
+    def fit(self, cfg, step_s, eval_s, elapsed, val_tokens=0):
         """(cfg with the steps that fit in what is left of the budget, a line saying so): the schedule
-        ends on time. With no preset, evaluations are spread over the run. elapsed: the budget's clock
-        now (under torchrun, rank 0's, so that every process plans the same steps)."""
+        ends on time. With no preset, evaluations are spread over the run; one of the whole val split
+        (val_tokens long) reads part of it where the fewest would take half the time. elapsed: the budget's
+        clock now (under torchrun, rank 0's, so that every process plans the same steps)."""
         left, given = USABLE * self.seconds - elapsed, self.sources
         spread = "eval_interval" not in given
-        if spread and cfg.eval_iters and "eval_iters" not in given:
-            cfg, eval_s = fewer_batches_per_evaluation(cfg, left, eval_s)
+        if spread and "eval_iters" not in given and (cfg.eval_iters or (MIN_EVALS + 1) * eval_s > left / 2):
+            cfg, eval_s = fewer_batches_per_evaluation(cfg, left, eval_s, val_tokens)
         steps = plan_steps(left, step_s, eval_s, None if spread else cfg.eval_interval, self.max_steps)
         if steps < 1 and self.max_steps != 0:  # (--max_iters=0: an evaluation, and no step)
+            evals = spread_evaluations(left, eval_s) + 1 if spread else 2  # the first, and the last at least
             raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} leaves {max(left, 0):.0f} s after "
-                            f"start-up, less than a step ({step_s:.2f} s) and an evaluation ({eval_s:.2f} s); "
-                            "give more time, or a smaller model")
+                            f"start-up, less than a step ({step_s:.2f} s) and the {evals} evaluations a run "
+                            f"needs ({eval_s:.2f} s each); give more time, or a smaller model")
         changes = {"lr_decay_iters": steps, "warmup_iters": min(cfg.warmup_iters, max(1, steps // 10))}
         if spread:
             changes["eval_interval"] = max(1, math.ceil(steps / spread_evaluations(left, eval_s)))
@@ -269,14 +271,16 @@ class LoopTimes:
         return (now - self.start - self.eval_seconds) / (it - self.first), self.eval_seconds / self.evals, now
 
 
-def fewer_batches_per_evaluation(cfg, seconds_left, eval_s):
+def fewer_batches_per_evaluation(cfg, seconds_left, eval_s, val_tokens=0):
     """(cfg, eval_s): a short run's evaluations read fewer batches, so that the fewest it gets
     (MIN_EVALS and the first) take about EVAL_SHARE of its time, but no fewer than an eighth of
-    EVAL_TOKENS."""
+    EVAL_TOKENS. eval_iters 0 (the whole val split, val_tokens) counts as that many batches' worth."""
+    batches = cfg.eval_iters or val_tokens / (cfg.batch_size * cfg.block_size)
     least = math.ceil(EVAL_TOKENS / 8 / (cfg.batch_size * cfg.block_size))
-    fitting = int(cfg.eval_iters * EVAL_SHARE * seconds_left / ((MIN_EVALS + 1) * eval_s))
-    iters = min(cfg.eval_iters, max(least, fitting))
-    return dataclasses.replace(cfg, eval_iters=iters), eval_s * iters / cfg.eval_iters
+    iters = math.ceil(min(batches, max(least, int(batches * EVAL_SHARE * seconds_left / ((MIN_EVALS + 1) * eval_s)))))
+    if iters >= batches:  # all of it, as it was
+        return cfg, eval_s
+    return dataclasses.replace(cfg, eval_iters=iters), eval_s * iters / batches
 
 
 def spread_evaluations(seconds_left, eval_s):

@@ -54,6 +54,10 @@ def meta_problem(meta):
 
 
 def prepare_again(data_dir):
+    """The command that makes data_dir; Tiny Shakespeare's needs no file (prepare.py downloads it)."""
+    path, tokenizer = Path(data_dir), Path(data_dir).name.removeprefix("shakespeare_")
+    if path.parent == Path("data") and path.name != tokenizer:
+        return "python prepare.py" + ("" if tokenizer == "char" else f" --tokenizer {tokenizer}")
     return f"python prepare.py --input FILE --out_dir {data_dir}"
 
 

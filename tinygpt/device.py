@@ -10,7 +10,6 @@ process (a plan, a decision to stop) is rank 0's, broadcast to all.
 import contextlib
 import dataclasses
 import os
-import platform
 import re
 import shutil
 import sys
@@ -24,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from config import UserError
 from model import GPT
-from tinygpt.system import cpu_count, keep_freed_memory, memory_bytes
+from tinygpt.system import keep_freed_memory, memory_bytes
 
 # Dense bf16 tensor-core peaks, for MFU, by a pattern of torch.cuda.get_device_name(), the most specific first
 # ("NVIDIA H100 PCIe" is no SXM H100). A GPU not listed (an A10G, whose peak NVIDIA does not publish) gets no MFU.
@@ -195,16 +194,6 @@ def train_flops_per_token(params, n_layer, n_embd, block_size):
     return 6 * params + 12 * n_layer * n_embd * block_size
 
 
-def machine():
-    """What a measurement ran on, in words: the processor, cores, accelerator and torch."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{cpu} ({cpu_count()} cores, {torch.get_num_threads()} torch threads){gpu}, torch {torch.__version__}"
-
-
 # --- Processes ------------------------------------------------------------------------------------
 
 
@@ -235,7 +224,8 @@ class Processes:
 
     def _sync(self, numbers, dtype, collective, **kwargs):
         t = torch.tensor(numbers, dtype=dtype, device=self.device)
-        collective(t, **kwargs)
+        with peer_lost():
+            collective(t, **kwargs)
         return tuple(t.tolist())
 
     def fail_together(self):
@@ -258,8 +248,24 @@ class Processes:
 
     def wrap(self, model):
         """model under DDP when started by torchrun (even as one process), else model itself."""
-        gpu = [torch.device(self.device).index] if self.device_type == "cuda" else None
-        return DDP(model, device_ids=gpu) if dist.is_initialized() else model
+        if not dist.is_initialized():
+            return model
+        with peer_lost():  # DDP sends rank 0's weights to every process
+            return DDP(model, device_ids=[torch.device(self.device).index] if self.device_type == "cuda" else None)
+
+
+@contextlib.contextmanager
+def peer_lost():
+    """Under torchrun, a collective that another process left (a signal stopped it while starting, or it failed)
+    is one line, not gloo's or NCCL's RuntimeError traceback."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not dist.is_initialized() or isinstance(e, torch.OutOfMemoryError):
+            raise
+        said = str(e).split("] ", 1)[-1].split(". ")[0]  # gloo: "[pair.cc:553] Connection closed by peer [...]. ..."
+        raise UserError(f"lost another process of this run ({said}): it stopped or failed, as its output says; "
+                        "this one stops too") from None
 
 
 def start_processes(device_name):
@@ -289,7 +295,8 @@ def end_processes(finished):
     waits there for the others first (gloo can abort a process whose peer is already gone)."""
     if dist.is_initialized():
         if finished:
-            dist.barrier()
+            with contextlib.suppress(RuntimeError):  # one gone after all (peer_lost): no one to wait for
+                dist.barrier()
         dist.destroy_process_group()
 
 

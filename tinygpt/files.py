@@ -121,13 +121,16 @@ def staging_dir(target):
 
 def swap_in(stage, target, replaced):
     """Puts the finished directory stage (from staging_dir) in target's place, keeping what
-    else target held: its entries not named in `replaced` are linked into stage first. At
+    else target held: its owner, mode, and entries not named in `replaced` (linked) go to stage first. At
     every moment target holds the old version or the new, whole (Linux: RENAME_EXCHANGE;
     elsewhere two renames, and a kill between them is undone by the next remove_stale).
     The old version ends up at stage, and goes with it."""
     target = Path(os.path.realpath(target))
     if target.is_dir():
         link_tree(target, stage, skip=set(replaced))
+        with contextlib.suppress(OSError, AttributeError):  # its owner, where allowed (root; Windows has no chown)
+            os.chown(stage, (old := target.stat()).st_uid, old.st_gid)
+        shutil.copymode(target, stage)  # and its mode (chmod 750), which a new directory would lack
     sync_directory(stage)
     if not os.path.lexists(target):
         os.rename(stage, target)
@@ -236,7 +239,6 @@ def records_through(path, it):
 CHECKPOINT_FORMAT = 1
 
 
-
 def checkpoint_path(out_dir, name=""):
     """out_dir/name; with no name, the run's best model: best.pt (the lowest val loss) when it
     exists, else ckpt.pt (the latest step), which a run writes before any best.pt."""
@@ -250,7 +252,9 @@ def load_checkpoint(path, device="cpu"):
     """A checkpoint's dict: tensors and plain data, never code."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"checkpoint {path} not found; train one first: python train.py config/NAME.toml")
+        there = sorted(p.name for p in path.parent.glob("*.pt")) if path.parent.is_dir() else []
+        fix = f"{path.parent} holds {', '.join(there)}: name one of those" if there else "train one: python train.py"
+        raise UserError(f"checkpoint {path} not found; {fix}")
     other = {"best.pt": "ckpt.pt", "ckpt.pt": "best.pt"}.get(path.name)
     instead = f"use {path.with_name(other)} if it is there, or retrain" if other else "retrain"
     ckpt = load_tensors(path, "a checkpoint", instead, "Load only checkpoints written by train.py", device)

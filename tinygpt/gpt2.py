@@ -74,9 +74,7 @@ def download(name):
 def read_config(directory):
     path = directory / "config.json"
     if not path.is_file():
-        hint = (f"; {directory} is a train.py out_dir: pass its ckpt.pt or best.pt file"
-                if (directory / "ckpt.pt").is_file() else "")
-        raise UserError(f"{path} not found: a GPT-2 directory holds config.json and model.safetensors{hint}")
+        raise UserError(f"{path} not found: a GPT-2 directory holds config.json and model.safetensors")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):

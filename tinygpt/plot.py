@@ -14,7 +14,7 @@ attention  for a prompt, the attention weights of every layer (rows) and head
 Needs matplotlib (pip install matplotlib); it writes files and never opens a window.
 """
 
-from tinygpt import system# first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
+from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import json
 import sys
 from dataclasses import dataclass
@@ -89,18 +89,16 @@ def read_evals(run):
     path = Path(run) / "log.jsonl" if not run.endswith(".jsonl") else Path(run)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a file given where a run belongs
         raise UserError(f"{path} not found; name a directory train.py wrote to (its --out_dir)") from None
     except (IsADirectoryError, UnicodeDecodeError):
         raise UserError(f"{path} is not a log written by train.py") from None
-    records = []
+    evals = []
     for n, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             raise UserError(f"{path} line {n} is not JSON; is it a log written by train.py?") from None
-    evals = []
-    for n, record in enumerate(records, 1):
         if not isinstance(record, dict) or "val_loss" not in record:
             continue  # a step's record
         for key in ("iter", "train_loss", "val_loss"):
@@ -150,6 +148,9 @@ def plot_losses(cfg):
     if not splits or any(s not in ("train", "val") for s in splits):
         raise UserError(f"--splits must be train, val or both, got {','.join(cfg.splits)!r}")
     logs = {label: read_evals(run) for label, run in zip(run_labels(cfg.runs), cfg.runs)}
+    lowest = min(r[f"{s}_loss"] for evals in logs.values() for r in evals for s in splits)
+    if cfg.ymax is not None and cfg.ymax <= lowest:  # the axis would show no curve, or turn upside down
+        raise UserError(f"--ymax={cfg.ymax:g} is not above the lowest loss drawn ({lowest:.4f}); raise it or omit it")
     return draw_losses(pyplot(), logs, list(dict.fromkeys(splits)), cfg.ymax, cfg.title)
 
 

@@ -1,12 +1,13 @@
-"""Prompts as sample.py and tinygpt.score read them: from the command line or a file, checked
-character by character against the model's tokenizer, and encoded.
+"""Text in and out of a model: prompts read from the command line or a file (sample.py, tinygpt.score),
+checked against the tokenizer and encoded; generated tokens back to text as they come (sample.py).
 
-A character the tokenizer has no token for is an error naming each one and where it is
-(file, line, column), or with --unknown=skip dropped with a warning. A prompt typed in the
-other Unicode form (an accent as a separate mark, as macOS may write it) is read in the
-form the model knows.
+A character the tokenizer lacks is an error naming each one and where it is (file, line, column), or
+with --unknown=skip dropped with a warning; a prompt typed in the other Unicode form (an accent as a
+separate mark, as macOS may write it) is read in the form the model knows. Generated text waits while
+a BPE token ends inside a character, and while it could begin a stop sequence (--stop), not printed.
 """
 
+import re
 import sys
 import unicodedata
 from pathlib import Path
@@ -50,7 +51,7 @@ def where(text, i, source, first_line):
     return f"{source} line {first_line + text.count(chr(10), 0, i)} column {column}"
 
 
-def normalized(text, tokenizer):
+def normalized(text, tokenizer, what="the prompt"):
     """text, or its composed (NFC) or decomposed (NFD) Unicode form if the tokenizer knows
     more of that one's characters: an accent typed as a separate mark (as macOS may
     write it) or not is the same letter to the reader, but not to a char tokenizer."""
@@ -58,14 +59,14 @@ def normalized(text, tokenizer):
     form = min(forms, key=lambda f: len(tokenizer.unknown(forms[f])))
     if len(tokenizer.unknown(forms[form])) >= len(tokenizer.unknown(text)):
         return text
-    print(f"note: the prompt is read in Unicode form {form}, whose characters the model knows", file=sys.stderr)
+    print(f"note: {what} is read in Unicode form {form}, whose characters the model knows", file=sys.stderr)
     return forms[form]
 
 
 def drop_unknown(prompts, tokenizer, on_unknown, what="the prompt"):
     """The text of each prompt. Characters the tokenizer lacks are an error, all of
     them named in one message, or with on_unknown="skip" dropped with a warning."""
-    prompts = [(normalized(text, tokenizer), source, first_line) for text, source, first_line in prompts]
+    prompts = [(normalized(text, tokenizer, what), source, first_line) for text, source, first_line in prompts]
     found = {}  # character -> where it first appears
     for text, source, first_line in prompts:
         for ch in tokenizer.unknown(text):
@@ -86,3 +87,55 @@ def encode_prompts(prompts, tokenizer, on_unknown):
     """Token ids of each prompt (see drop_unknown); an empty one starts from a newline."""
     start = tokenizer.encode("\n") if not tokenizer.unknown("\n") else [0]  # where nanoGPT starts
     return [tokenizer.encode(text) if text else start for text in drop_unknown(prompts, tokenizer, on_unknown)]
+
+
+# --- Generated tokens back to text ---------------------------------------------------------------
+
+
+def unescape(text):
+    r"""\n, \t and \\ in a command-line stop sequence: a newline, a tab, a backslash."""
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m[1]], text)
+
+
+class TextStream:
+    """Turns one row's generated tokens into text. Tokens wait, and are decoded together,
+    while their text ends in an incomplete character. Text waits while its end could
+    begin a stop sequence; once one appears, the text before it is the last, and
+    `stopped` is set. A stop sequence may span tokens, and may end inside one."""
+
+    def __init__(self, tokenizer, stops=()):
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        self.pending = []  # tokens whose text ends in an incomplete character
+        self.held = ""  # text that may be the start of a stop sequence
+        self.stopped = False
+
+    def push(self, ids):
+        """The new text that ids complete and no stop sequence can claim, maybe empty."""
+        if self.stopped:
+            return ""
+        self.pending += ids
+        text = self.tokenizer.decode(self.pending)
+        if text.endswith("\ufffd") and len(self.pending) < 4:  # a character's 4 bytes span 4 tokens at most
+            return ""
+        self.pending = []
+        return self.release(text)
+
+    def release(self, text):
+        text = self.held + text
+        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        if found:
+            self.stopped, self.held = True, ""
+            return text[: min(found)]
+        # Hold back the longest end of the text that is the start of a stop sequence.
+        keep = max((k for stop in self.stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
+        self.held = text[len(text) - keep :]
+        return text[: len(text) - keep]
+
+    def flush(self):
+        """The rest of the text, at the end of a sample that met no stop sequence."""
+        if self.stopped:
+            return ""
+        text, self.pending = self.release(self.tokenizer.decode(self.pending)), []
+        text, self.held = text + self.held, ""
+        return text

@@ -33,8 +33,8 @@ class ScoreConfig:
     out_dir: str = option("out", "the directory train.py wrote its checkpoints to")
     checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); "
                              "empty: best.pt when it exists")
-    init_from: str = option("resume", "resume: the checkpoint in out_dir; or GPT-2: gpt2, gpt2-medium, gpt2-large, "
-                            "gpt2-xl, or a directory in the Hugging Face layout (config.json, model.safetensors)")
+    init_from: str = option("resume", "resume (the checkpoint in out_dir), another directory train.py wrote, or "
+                            "GPT-2: gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a Hugging Face directory (config.json)")
     unknown: str = option("error", "characters the model never saw: error, or skip (drop them, with a warning)",
                           choices=("error", "skip"))
     batch_size: int = option(16, "windows per forward pass (memory and speed, not the result)", low=1)

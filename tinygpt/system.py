@@ -29,16 +29,27 @@ _IMPORTED = time.time()
 
 def interrupted(signum, frame):
     try:
-        os.write(2, b"interrupted\n")
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every process gets it: one line
+            os.write(2, b"interrupted\n" if signum == signal.SIGINT else f"stopped by {signal_name(signum)}\n".encode())
     finally:
-        os._exit(130)  # nothing has been written yet: there is nothing to clean up
+        os._exit(128 + signum)  # nothing has been written yet: there is nothing to clean up
+
+
+def signal_name(signum):
+    return signal.Signals(signum).name  # SIGTERM
+
+
+def stop_signals():
+    """SIGINT (Ctrl-C), SIGTERM, and SIGHUP (a closed terminal) where the system has it (not Windows)."""
+    return tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 _script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
 _package = os.path.dirname(os.path.abspath(__file__))
 if os.path.dirname(os.path.abspath(_script)) in (_package, os.path.dirname(_package)):  # ours, or python -m tinygpt.X
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with Ctrl-C ignored
-        signal.signal(signal.SIGINT, interrupted)
+    for _signum in stop_signals():
+        if signal.getsignal(_signum) in (signal.default_int_handler, signal.SIG_DFL):  # not one started ignored
+            signal.signal(_signum, interrupted)
 
 
 def cli(main):
@@ -69,31 +80,29 @@ def cli(main):
     return wrapper
 
 
-def signal_name(signum):
-    return signal.Signals(signum).name  # SIGTERM
-
-
-def stop_signals():
-    """SIGINT (Ctrl-C), SIGTERM, and SIGHUP (a closed terminal) where the system has it (not Windows)."""
-    return tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+class Stopped(BaseException):
+    """A stop signal in an evaluation, which only reads: it ends there (a BaseException, as KeyboardInterrupt)."""
 
 
 class Stop:
     """While active, the stop signals ask the run to stop, and a second one ends it at once. Before the loop
-    (`looping` False) one ends the script as Ctrl-C does: one line, cleanups run (out_dir's lock is let go),
-    exit 128 + the signal. In the loop it sets `signum`: the loop finishes its step, saves, and exits so."""
+    (no `model`, the one it trains) one ends the script as Ctrl-C does: one line, cleanups run (out_dir's
+    lock is let go), exit 128 + the signal. In the loop it sets `signum`: the loop finishes its step, saves,
+    and exits so; while the model is in eval mode (an evaluation) it also raises Stopped, between batches."""
 
     def __enter__(self):
-        self.signum, self.looping = None, False
+        self.signum, self.model = None, None
         self.previous = {s: signal.signal(s, self.handle) for s in stop_signals()}
         return self
 
     def handle(self, signum, frame):
-        if self.looping and self.signum is None:
+        if self.model is not None and self.signum is None:
             self.signum = signum
+            if not self.model.training:
+                raise Stopped
             return
         if os.environ.get("RANK", "0") == "0":  # under torchrun every process gets it: one line
-            when = "again" if self.looping else "while starting, before its first step"
+            when = "again" if self.model is not None else "while starting, before its first step"
             print(f"stopped by {signal_name(signum)} {when}", file=sys.stderr)
         raise SystemExit(128 + signum)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from config import UserError
-from tinygpt.files import write_atomic, write_error
+from tinygpt.files import write_atomic
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -132,11 +132,8 @@ def download_shakespeare(url, dest):
         raise UserError(
             f"the file downloaded from {url} has sha256 {digest[:12]}..., expected {SHAKESPEARE_SHA256[:12]}...; "
             "nothing was saved. Try again later, or pass --input FILE")
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(dest, data)
-    except OSError as e:
-        raise UserError(f"{write_error(dest, e)}; nothing was saved: free space or pick another --out_dir") from None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(dest, data)  # an OSError is the caller's to explain
     print(f"downloaded Tiny Shakespeare to {dest}")
     return dest
 

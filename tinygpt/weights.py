@@ -26,6 +26,8 @@ from tinygpt.tokenizer import tokenizer_from_meta
 def load_model(init_from, out_dir, checkpoint, device):
     """(model in eval mode on device, tokenizer): GPT-2 if init_from names it, else (resume) the
     checkpoint named in out_dir, best.pt when there is one (checkpoint_path)."""
+    if init_from != "resume" and checkpoint_path(init_from).is_file():  # a directory train.py wrote to
+        init_from, out_dir = "resume", init_from
     if init_from == "resume":
         return model_from_checkpoint(checkpoint_path(out_dir, checkpoint), device)
     if not gpt2.is_gpt2(init_from):
@@ -38,6 +40,12 @@ def load_model(init_from, out_dir, checkpoint, device):
 def model_from_checkpoint(path, device):
     """(model in eval mode on device, tokenizer), both from one checkpoint file."""
     ckpt = load_checkpoint(path, "cpu")  # to the CPU first: only the weights need to go to the device
+    said, state = tuple(ckpt["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_layer")), ckpt["model"]
+    wte = state.get("wte.weight", torch.empty(0, 0))  # a file without it is refused below, as any other misfit
+    found = (*wte.shape, len({k.split(".")[1] for k in state if k.startswith("blocks.")}) or said[2])
+    if wte.numel() and found != said:  # before a model of that size is built
+        raise UserError(f"{path}: its model_config (vocab_size, n_embd, n_layer {said}) does not match its weights "
+                        f"{found}: it was changed after train.py wrote it; retrain")
     try:
         model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
         model.load_state_dict(ckpt["model"])
@@ -85,10 +93,10 @@ def check_resumable(ckpt, mconf, meta, cfg):
         raise UserError(f"cannot resume {path}: the data set changed, {cfg.data_dir}'s tokenizer is not the one it "
                         "trained on; prepare the text it trained on again, or start a new run (--overwrite=true)")
     then = {f.name: f.default for f in dataclasses.fields(mconf)} | ckpt["model_config"]  # older: the defaults
-    diff = {k: (v, then.get(k)) for k, v in dataclasses.asdict(mconf).items() if then.get(k) != v}
+    diff = [f"--{k}={v} (it has {then.get(k)})" for k, v in dataclasses.asdict(mconf).items() if then.get(k) != v]
     if diff:
-        raise UserError(f"cannot resume {path}: the model config differs (now, checkpoint): {diff}")
-
+        raise UserError(f"cannot resume {path} as {', '.join(diff)}: a resumed run keeps its model; drop those "
+                        "options, or start a new run (--overwrite=true, or another --out_dir)")
 
 
 # --- Fine-tuning --------------------------------------------------------------------------------------
@@ -109,7 +117,9 @@ class Weights:
 
 
 def load_weights(init_from, out_dir):
-    """The weights --init_from names: GPT-2 (a name or a directory), or a checkpoint file."""
+    """The weights --init_from names: GPT-2 (a name or a directory), a checkpoint file, or a directory train.py
+    wrote to (its best.pt, or ckpt.pt)."""
+    init_from = str(checkpoint_path(init_from)) if checkpoint_path(init_from).is_file() else init_from
     if gpt2.is_gpt2(init_from):
         config, state, meta = gpt2.load(init_from)
         return Weights(init_from, dataclasses.asdict(config), state, meta)

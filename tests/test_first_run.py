@@ -1,0 +1,61 @@
+"""A new user's first commands on a fresh clone: `python train.py`, then `python sample.py`, with no options."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+from tinygpt import device
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+
+def fresh_clone(where):
+    """What a clone holds that the commands run: the four files, config/ and the package."""
+    for name in ("model.py", "train.py", "sample.py", "prepare.py"):
+        shutil.copy(ROOT / name, where / name)
+    for name in ("config", "tinygpt"):
+        shutil.copytree(ROOT / name, where / name, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+@pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"{SHAKESPEARE} not present")
+def test_two_bare_commands_on_a_fresh_clone_train_and_then_sample(tmp_path):
+    fresh_clone(tmp_path)
+    # Where prepare.py's download would have left it (this machine is offline): the same file, checked the same.
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    shutil.copy(SHAKESPEARE, tmp_path / "data" / "shakespeare_char" / "input.txt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    trained = subprocess.run([sys.executable, "train.py", "--max_time=20s"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert "data/shakespeare_char is not there yet: preparing it first" in trained.stdout
+    assert "-> data/shakespeare_char" in trained.stdout  # prepare.py's own line
+    assert (tmp_path / "out" / "shakespeare_char" / "best.pt").is_file()
+    sampled = subprocess.run([sys.executable, "sample.py", "--max_new_tokens=50"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert len(sampled.stdout.strip()) >= 40  # 50 characters of Shakespeare's, a newline or two among them
+
+
+@pytest.mark.parametrize("data_dir, command", [
+    ("data/notes_char", "python prepare.py --input FILE --out_dir data/notes_char"),
+    ("data/shakespeare_gpt2", "python prepare.py --tokenizer gpt2"),
+])
+def test_a_data_set_other_than_the_default_is_never_prepared_behind_the_users_back(
+        tmp_path, monkeypatch, capsys, data_dir, command):
+    monkeypatch.chdir(tmp_path)
+    assert train.main([f"--data_dir={data_dir}", "--max_iters=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {data_dir}/meta.json not found; run: {command}"]
+    assert not (tmp_path / "data").exists() and not any((tmp_path / "out").rglob("*"))  # no data set, no run
+
+
+def test_without_data_under_torchrun_the_processes_do_not_race_to_prepare_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    train.prepare_shakespeare("data/shakespeare_char", device.Processes(0, 2, "cpu"))  # rank 0 of 2
+    assert list(tmp_path.iterdir()) == [] and capsys.readouterr() == ("", "")
