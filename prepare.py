@@ -93,6 +93,16 @@ def how_to_fix(e, out_dir):
     return "free some space, or pick another --out_dir"
 
 
+def make_default(data_dir, processes):
+    """train.py's data set on a fresh clone: data/shakespeare_char, made as `python prepare.py` makes it
+    (downloaded, checked). No other, whose error names its command; and by one process alone (under
+    torchrun they would race)."""
+    if Path(data_dir) == Path("data/shakespeare_char") and processes == 1:
+        print(f"{data_dir} is not there yet: preparing it first, as python prepare.py does")
+        if main([]):
+            raise UserError("")  # main has said why
+
+
 def default_out_dir(first_input, files, tokenizer):
     """data/<first input's stem>_<tokenizer>; Tiny Shakespeare under any name goes
     where the presets look for it, as if prepare.py had downloaded it."""

@@ -58,7 +58,7 @@ class SampleConfig:
 
 def write(text):
     print(text, end="", flush=True)  # flushed, so each token shows as soon as it exists
-    if system.stdout_lost():  # the reader went away (| head): no one to generate for
+    if getattr(sys.stdout, "lost", False):  # system.cli's stdout failed, the reader gone (| head): stop
         raise BrokenPipeError
 
 

@@ -93,7 +93,9 @@ def main(argv):
     cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
     procs = device.start_processes(cfg.device)
     if not Path(cfg.data_dir, "meta.json").exists():
-        prepare_shakespeare(cfg.data_dir, procs)
+        import prepare  # only here: what a fresh clone lacks
+
+        prepare.make_default(cfg.data_dir, procs.world)
     lock, status = files.RunLock(cfg.out_dir), None
     try:
         with system.Stop() as stop:  # Ctrl-C, SIGTERM, SIGHUP
@@ -106,17 +108,6 @@ def main(argv):
     finally:
         lock.release()
         device.end_processes(finished=status is not None)
-
-
-def prepare_shakespeare(data_dir, procs):
-    """The default data set, on a fresh clone, made as python prepare.py makes it (downloaded, checked); no other:
-    its error names the command. By one process alone: under torchrun, they would race."""
-    if data_dir == TrainConfig.data_dir and procs.world == 1:
-        print(f"{data_dir} is not there yet: preparing it first, as python prepare.py does")
-        import prepare  # only here: the tokenizers and the download are not a run's
-
-        if prepare.main([]):
-            raise UserError("")  # prepare.py has said why
 
 
 # --- Setting up ------------------------------------------------------------------------------------
@@ -182,9 +173,6 @@ def set_up(cfg, sources, procs, lock):
             weights.check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
             run.it, run.best_val, run.bad_evals, run.evaluated = weights.restore(ckpt, run.raw_model,
                                                                                  run.optimizer, run.scaler)
-            if run.it >= cfg.max_iters:
-                raise UserError(f"{saved(cfg)} is at iteration {run.it} and --max_iters is {cfg.max_iters}: nothing "
-                                f"is left to train; to go on, give more, e.g. --max_iters={max(2 * run.it, 100)}")
             procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
     del pretrained, ckpt  # not twice in memory
     run.model = procs.wrap(device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else run.raw_model)

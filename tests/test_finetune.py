@@ -169,6 +169,7 @@ def test_finetuning_over_another_run_needs_overwrite(base, other_data, tmp_path,
     assert "--overwrite=true" in error_line(capsys)
 
 
-def test_a_runs_directory_is_not_a_checkpoint(base, other_data, tmp_path, capsys):
-    assert finetune(base.parent, other_data, tmp_path / "out") == 2
-    assert "pass its ckpt.pt or best.pt" in error_line(capsys)
+def test_a_runs_directory_fine_tunes_from_its_best_checkpoint_as_sample_py_reads_it(base, other_data, tmp_path,
+                                                                                      capsys):
+    assert finetune(base.parent, other_data, tmp_path / "out", "--max_iters=2") == 0
+    assert f"fine-tuning {base.parent / 'best.pt'}: " in capsys.readouterr().out

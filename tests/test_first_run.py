@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import prepare
 import train
-from tinygpt import device
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -57,5 +57,5 @@ def test_a_data_set_other_than_the_default_is_never_prepared_behind_the_users_ba
 
 def test_without_data_under_torchrun_the_processes_do_not_race_to_prepare_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    train.prepare_shakespeare("data/shakespeare_char", device.Processes(0, 2, "cpu"))  # rank 0 of 2
+    prepare.make_default("data/shakespeare_char", 2)  # rank 0 of 2
     assert list(tmp_path.iterdir()) == [] and capsys.readouterr() == ("", "")

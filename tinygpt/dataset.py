@@ -23,16 +23,12 @@ DATASET_FILES = ("train.bin", "val.bin", "meta.json")  # what prepare.py writes;
 DTYPES = ("uint16", "uint32")
 
 
-def is_count(value):
-    return type(value) is int and value >= 0  # not a bool
-
-
 def meta_problem(meta):
     """What is wrong with the contents of a meta.json, in words, or None."""
     if not isinstance(meta, dict):
         return f"holds a JSON {type(meta).__name__}, not an object"
     for key, least in (("format", 1), ("vocab_size", 1), ("train_tokens", 0), ("val_tokens", 0)):
-        if not is_count(meta.get(key)) or meta[key] < least:
+        if type(meta.get(key)) is not int or meta[key] < least:  # (a bool is no count)
             return f"{key} must be an integer of at least {least}, got {meta.get(key)!r}"
     if meta["format"] > META_FORMAT:
         return f"format {meta['format']} is newer than this code's {META_FORMAT}: update the code"

@@ -190,9 +190,7 @@ def build(config, state):
 
 
 def load(init_from):
-    """(GPTConfig, state dict, tokenizer meta) of GPT-2: a name in SIZES, or a directory."""
-    if not is_gpt2(init_from):
-        raise UserError(f"init_from {init_from!r} is not GPT-2 ({', '.join(SIZES)}) nor a directory")
+    """(GPTConfig, state dict, tokenizer meta) of GPT-2: a name in SIZES, or a directory (is_gpt2)."""
     directory = Path(init_from)
     if init_from in SIZES:
         load_encoding("gpt2")  # first: without its tokenizer, a download of the weights is of no use

@@ -228,12 +228,9 @@ def draw_heatmaps(panel, weights, labels, title=""):
 
 def describe_model(config):
     """What a run's attention is, in a few words, for its title: 'additive scores, window 16'."""
-    words = ["additive scores" if config.score == "additive" else "dot-product scores"]
-    if config.mixer not in ("head", "multihead"):
-        words = [{"average": "causal average", "none": "no attention"}[config.mixer]]
-    if config.window:
-        words.append(f"window {config.window}")
-    return ", ".join(words)
+    scores = {"average": "causal average", "none": "no attention", "additive": "additive scores"}
+    what = scores.get(config.mixer, scores.get(config.score, "dot-product scores"))
+    return what + (f", window {config.window}" if config.window else "")
 
 
 def run_attention(run, cfg):

@@ -150,11 +150,6 @@ class Guarded:
         return getattr(self.stream, name)
 
 
-def stdout_lost():
-    """Whether stdout has failed: for a script whose output is the point (sample.py) to stop."""
-    return getattr(sys.stdout, "lost", False)
-
-
 # --- Processes and memory -------------------------------------------------------------------------
 
 
@@ -217,16 +212,6 @@ def keep_freed_memory(mmap_threshold=32 << 20, trim_threshold=1 << 30):
     # M_MMAP_THRESHOLD is -3, M_TRIM_THRESHOLD -1 (<malloc.h>); either one also stops glibc's own adjusting.
     mallopt = ctypes.CDLL(None).mallopt
     return bool(mallopt(-3, mmap_threshold) and mallopt(-1, trim_threshold))
-
-
-def peak_rss():
-    """The most memory this process has held in RAM, in bytes; None where the system does not say."""
-    try:
-        import resource
-    except ImportError:  # Windows has no getrusage
-        return None
-    kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes, not kilobytes, on macOS
-    return kilobytes * (1 if sys.platform == "darwin" else 1024)
 
 
 def process_age():

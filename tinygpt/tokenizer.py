@@ -115,9 +115,7 @@ class TiktokenTokenizer:
         return self.encoding.encode_ordinary(text)
 
     def _encode_piece(self, text):
-        if hasattr(self.encoding, "encode_to_numpy"):  # tiktoken >= 0.8: no Python list in between
-            return self.encoding.encode_to_numpy(text, disallowed_special=())
-        return np.array(self.encoding.encode_ordinary(text), dtype=np.uint32)
+        return self.encoding.encode_to_numpy(text, disallowed_special=())  # no Python list in between
 
     def encode_array(self, text, threads=1):
         """encode() as a uint32 array; `threads` pieces, cut where the ids do not change, are encoded at

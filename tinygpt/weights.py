@@ -87,7 +87,7 @@ def resumed_config(ckpt, cfg, sources, device_type):
 
 
 def check_resumable(ckpt, mconf, meta, cfg):
-    """A UserError unless this run's model and tokenizer are the checkpoint's."""
+    """A UserError unless this run's model and tokenizer are the checkpoint's, and it has steps left."""
     path = checkpoint_path(cfg.out_dir, "ckpt.pt")
     if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):  # first: it sizes the model
         raise UserError(f"cannot resume {path}: the data set changed, {cfg.data_dir}'s tokenizer is not the one it "
@@ -97,6 +97,9 @@ def check_resumable(ckpt, mconf, meta, cfg):
     if diff:
         raise UserError(f"cannot resume {path} as {', '.join(diff)}: a resumed run keeps its model; drop those "
                         "options, or start a new run (--overwrite=true, or another --out_dir)")
+    if ckpt["iter"] >= cfg.max_iters:
+        raise UserError(f"{path} is at iteration {ckpt['iter']} and --max_iters is {cfg.max_iters}: nothing is left "
+                        f"to train; to go on, give more, e.g. --max_iters={max(2 * ckpt['iter'], 100)}")
 
 
 # --- Fine-tuning --------------------------------------------------------------------------------------
