@@ -348,7 +348,7 @@ def test_a_checkpoint_whose_config_does_not_match_its_weights_says_so_before_bui
     assert "does not match its weights" in err and "changed after train.py wrote it" in err
 
 
-@pytest.mark.parametrize("prompts, shown", [(["ROMEO:"], False), (["ROMEO:", "JULIET:", "Nurse:"], True)])
+@pytest.mark.parametrize("prompts, shown", [(["ROMEO:"], False), (["ROMEO:", "JULIET:", "First Citizen:"], True)])
 def test_a_batch_of_prompts_shows_its_progress_where_one_prompt_shows_its_text(capsys, out_dir, tmp_path,
                                                                                 monkeypatch, prompts, shown):
     bars = []
