@@ -482,3 +482,26 @@ def test_a_presets_out_dir_holds_only_with_its_own_data(tmp_path):
         sources = {}
         cfg = train.load_config(train.TrainConfig, argv, sources=sources)
         assert train.run_out_dir(cfg, sources) == expected
+
+
+@pytest.mark.parametrize("master", [True, False])
+def test_under_torchrun_only_rank_0_says_a_replan(master):
+    """Every process replans alike (rank 0's times); one line for the run, not one per process."""
+    class Procs:
+        def broadcast(self, numbers):
+            return tuple(numbers)
+
+    class Bar:
+        total, written = 0, []
+
+        def write(self, line):
+            self.written.append(line)
+
+    procs, bar = Procs(), Bar()
+    procs.master = master
+    cfg = train.TrainConfig(max_iters=1000, eval_interval=100, max_time="1m")
+    times = type("Times", (), {"means": lambda self, it: (0.02, 0.1, 10.0)})()  # steps twice as fast as planned
+    run = type("Run", (), {"cfg": cfg, "it": 100, "procs": procs, "time_budget": budget.Budget(cfg, {})})()
+    train.replan(run, times, bar)
+    assert run.cfg.max_iters != 1000 and bar.total == run.cfg.max_iters  # replanned on every process
+    assert len(bar.written) == master and all(line.startswith("time budget: ") for line in bar.written)
