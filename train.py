@@ -309,7 +309,7 @@ def evaluate(run, lr, write):
     model = getattr(run.model, "module", run.model)  # never under DDP
     try:
         losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, run.eval_autocast)
-    except system.Stopped:  # a signal, which ends an evaluation between batches: the run stops, nothing saved
+    except system.Stopped:
         return model.train()
     record = {"iter": run.it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
               "val_bpc": losses["val"] / math.log(2)}
