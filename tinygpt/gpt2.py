@@ -180,8 +180,9 @@ def gpt_state(hf_state, config, source):
 
 
 def build(config, state):
-    """model.GPT holding state, in eval mode, without first filling a random model as large."""
-    with torch.device("meta"):
+    """model.GPT holding state, in eval mode, without first filling a random model as large (on the meta device);
+    rotary and sinusoidal positions are built on the CPU, where their buffers, computed, not loaded, are made."""
+    with torch.device("meta" if config.pos in ("learned", "none") else "cpu"):
         model = GPT(config)
     model.load_state_dict(state, assign=True)
     if config.tie_weights:
@@ -196,9 +197,14 @@ def load(init_from):
         load_encoding("gpt2")  # first: without its tokenizer, a download of the weights is of no use
         directory = download(init_from)
     config = gpt_config(read_config(directory), init_from)
+    meta = bpe_meta(config, init_from)
+    return config, gpt_state(read_weights(directory), config, init_from), meta
+
+
+def bpe_meta(config, source):
+    """The tokenizer of a model from the hub's layout without a character tokenizer: tiktoken's gpt2."""
     n_vocab = load_encoding("gpt2").n_vocab
     if config.real_vocab_size != n_vocab:
-        raise UserError(f"{init_from} has a vocabulary of {config.real_vocab_size} tokens and tiktoken's gpt2 "
-                        f"{n_vocab}; only models with GPT-2's vocabulary load here")
-    state = gpt_state(read_weights(directory), config, init_from)
-    return config, state, {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": n_vocab}
+        raise UserError(f"{source} has a vocabulary of {config.real_vocab_size} tokens and tiktoken's gpt2 "
+                        f"{n_vocab}; only models with GPT-2's vocabulary (or exported characters) load here")
+    return {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": n_vocab}

@@ -18,7 +18,7 @@ import torch
 
 from config import UserError
 from model import GPT, GPTConfig
-from tinygpt import gpt2
+from tinygpt import export, gpt2
 from tinygpt.files import checkpoint_path, load_checkpoint
 from tinygpt.tokenizer import tokenizer_from_meta
 
@@ -33,7 +33,7 @@ def load_model(init_from, out_dir, checkpoint, device):
     if not gpt2.is_gpt2(init_from):
         raise UserError(f"init_from must be resume (a checkpoint in --out_dir), {', '.join(gpt2.SIZES)} or a "
                         f"directory in the Hugging Face layout; got {init_from!r}")
-    config, state, meta = gpt2.load(init_from)
+    config, state, meta = export.load(init_from)
     return gpt2.build(config, state).to(device), tokenizer_from_meta(meta)
 
 
@@ -124,7 +124,7 @@ def load_weights(init_from, out_dir):
     wrote to (its best.pt, or ckpt.pt)."""
     init_from = str(checkpoint_path(init_from)) if checkpoint_path(init_from).is_file() else init_from
     if gpt2.is_gpt2(init_from):
-        config, state, meta = gpt2.load(init_from)
+        config, state, meta = export.load(init_from)
         return Weights(init_from, dataclasses.asdict(config), state, meta)
     path = Path(init_from)
     if not path.is_file():
