@@ -16,7 +16,7 @@ import torch
 import prepare
 import sample
 import train
-from tinygpt import files, gpt2, score
+from tinygpt import export, files, gpt2, score
 from tinygpt.tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
 transformers = pytest.importorskip("transformers", reason="the reference GPT-2: pip install -r requirements-dev.txt")
@@ -55,7 +55,7 @@ def hub_dir(tmp_path, small_gpt2):
 
 def test_gpt2_in_the_hub_layout_gives_the_reference_logits(hub_dir, small_gpt2):
     directory, reference = hub_dir
-    config, state, meta = gpt2.load(str(directory))
+    config, state, meta = export.load(str(directory))
     assert (config.gelu, config.bias, config.block_size, config.tie_weights) == ("tanh", True, N_POSITIONS, True)
     assert meta == {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": small_gpt2}
     model = gpt2.build(config, state)
@@ -69,7 +69,7 @@ def test_gpt2_in_the_hub_layout_gives_the_reference_logits(hub_dir, small_gpt2):
 def test_the_exact_gelu_would_not_match(hub_dir, small_gpt2):
     # The tolerance above is tight enough to tell GPT-2's tanh GELU from the exact one.
     directory, reference = hub_dir
-    config, state, _ = gpt2.load(str(directory))
+    config, state, _ = export.load(str(directory))
     config.gelu = "exact"
     idx = torch.randint(small_gpt2, (2, 32))
     assert (gpt2.build(config, state)(idx)[0] - reference(idx).logits).abs().max() > 1e-4
@@ -84,7 +84,7 @@ def test_a_pytorch_model_bin_loads_the_same_as_safetensors(hub_dir, tmp_path):
     state = {"transformer." + k if not k.startswith(("transformer.", "lm_head")) else k: v for k, v in state.items()}
     state["transformer.h.0.attn.bias"] = torch.ones(1, 1, 4, 4)  # the causal mask older files keep as a buffer
     torch.save(state, legacy / "pytorch_model.bin")
-    a, b = gpt2.load(str(directory))[1], gpt2.load(str(legacy))[1]
+    a, b = export.load(str(directory))[1], export.load(str(legacy))[1]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -108,7 +108,7 @@ def test_score_reads_gpt2_too(hub_dir, tmp_path, capsys):
     (tmp_path / "text.txt").write_text("the theatre and the hand: then there, in the end. " * 2)
     assert score.main([f"--init_from={directory}", f"--input={tmp_path / 'text.txt'}", "--device=cpu"]) == 0
     printed = dict(line.split(": ") for line in capsys.readouterr().out.splitlines()[1:])
-    ids = torch.tensor([tokenizer_from_meta(gpt2.load(str(directory))[2]).encode(
+    ids = torch.tensor([tokenizer_from_meta(export.load(str(directory))[2]).encode(
         (tmp_path / "text.txt").read_text())])
     assert ids.size(1) <= N_POSITIONS  # one window: the reference's own loss is the figure
     loss = reference(ids, labels=ids).loss.item()
@@ -131,7 +131,7 @@ def test_finetuning_gpt2_starts_from_its_weights(hub_dir, tmp_path, capsys):
     assert [r["iter"] for r in log if "val_loss" in r] == [0, 3]
     # The first evaluation is GPT-2's own loss on the val split, windowed as score.py does.
     val = np.memmap(tmp_path / "d" / "val.bin", dtype=np.uint16, mode="r")
-    model = gpt2.build(*gpt2.load(str(directory))[:2])
+    model = gpt2.build(*export.load(str(directory))[:2])
     expected = score.mean_loss(model, val, N_POSITIONS, 8, "cpu")
     assert log[0]["val_loss"] == pytest.approx(expected, rel=1e-5)
     ckpt = files.load_checkpoint(tmp_path / "out" / "ckpt.pt")
@@ -147,7 +147,7 @@ def test_finetuning_gpt2_on_a_shorter_block_keeps_the_first_positions(hub_dir, t
     assert train.main([f"--init_from={directory}", f"--data_dir={tmp_path / 'd'}", f"--out_dir={tmp_path / 'o'}",
                        "--block_size=16", "--batch_size=2", "--max_iters=0", "--eval_iters=1", "--device=cpu"]) == 0
     wpe = files.load_checkpoint(tmp_path / "o" / "ckpt.pt")["model"]["wpe.weight"]
-    assert torch.equal(wpe, gpt2.load(str(directory))[1]["wpe.weight"][:16])
+    assert torch.equal(wpe, export.load(str(directory))[1]["wpe.weight"][:16])
 
 
 def test_finetuning_gpt2_on_character_data_is_one_error_line(hub_dir, data_dir, tmp_path, capsys):

@@ -34,7 +34,7 @@ from model import GPT, GPTConfig
 from tinygpt import gpt2
 from tinygpt.device import padded_vocab_size
 from tinygpt.files import checkpoint_path, load_checkpoint, staging_dir, swap_in, write_error
-from tinygpt.tokenizer import END_OF_TEXT, tokenizer_from_meta
+from tinygpt.tokenizer import END_OF_TEXT, load_encoding, tokenizer_from_meta
 
 # model.GPT's names -> each architecture's: a block's part under LAYERS.N, the rest as named here.
 LAYERS = {"gpt2": "transformer.h", "gpt_neox": "gpt_neox.layers"}
@@ -277,23 +277,27 @@ def write_onnx(stage, model):
 
 
 def load(init_from):
-    """(GPTConfig, state dict, tokenizer meta) of GPT-2 (a name, tinygpt/gpt2.py) or a directory in the Hugging Face
-    layout: GPT-2 or GPT-NeoX, with GPT-2's BPE or the characters of a tokenizer.json this module wrote."""
+    """(GPTConfig, state dict, tokenizer meta) of GPT-2 from the hub (a name in gpt2.SIZES) or a directory in the
+    Hugging Face layout: OpenAI's GPT-2, or a GPT-2 or GPT-NeoX this module wrote. Its text goes through the
+    characters of a tokenizer.json this module wrote, else tiktoken's gpt2."""
     directory = Path(init_from)
-    chars = None if init_from in gpt2.SIZES else read_chars(directory / "tokenizer.json")
-    hf = {} if init_from in gpt2.SIZES else gpt2.read_config(directory)
-    if hf.get("model_type") != "gpt_neox" and chars is None:
-        return gpt2.load(init_from)
+    if init_from in gpt2.SIZES:
+        load_encoding("gpt2")  # first: without its tokenizer, a download of the weights is of no use
+        directory = gpt2.download(init_from)
+    hf, chars = gpt2.read_config(directory), read_chars(directory / "tokenizer.json")
     neox = hf.get("model_type") == "gpt_neox"
     config = neox_config(hf, init_from) if neox else gpt2.gpt_config(hf, init_from)
+    if chars:
+        n, vocab, meta = len(chars), "its tokenizer.json", {"tokenizer": "char", "vocab": chars}
+    else:
+        n, vocab = load_encoding("gpt2").n_vocab, "tiktoken's gpt2"
+        meta = {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": n}
+    if n != config.real_vocab_size:
+        raise UserError(f"{init_from} has a vocabulary of {config.real_vocab_size} tokens and {vocab} {n}; only "
+                        "models with GPT-2's vocabulary, or the characters of their tokenizer.json, load here")
     tensors = gpt2.read_weights(directory)
     state = neox_state(tensors, config, init_from) if neox else gpt2.gpt_state(tensors, config, init_from)
-    if chars is None:
-        return config, state, gpt2.bpe_meta(config, init_from)
-    if len(chars) != config.real_vocab_size:
-        raise UserError(f"{init_from}: tokenizer.json has {len(chars)} characters, config.json a vocabulary of "
-                        f"{config.real_vocab_size}; export the model again")
-    return config, state, {"tokenizer": "char", "vocab": chars}
+    return config, state, meta
 
 
 def read_chars(path):

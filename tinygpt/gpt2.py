@@ -22,7 +22,6 @@ from config import UserError
 from model import GPT, GPTConfig
 from tinygpt.device import padded_vocab_size
 from tinygpt.files import load_tensors
-from tinygpt.tokenizer import load_encoding
 
 SIZES = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1.5B"}  # parameters
 HUB_OWNER = "openai-community"  # the hub's home of OpenAI's checkpoints
@@ -188,23 +187,3 @@ def build(config, state):
     if config.tie_weights:
         model.lm_head.weight = model.wte.weight  # assign gave each name its own Parameter: tie them again
     return model.eval()
-
-
-def load(init_from):
-    """(GPTConfig, state dict, tokenizer meta) of GPT-2: a name in SIZES, or a directory (is_gpt2)."""
-    directory = Path(init_from)
-    if init_from in SIZES:
-        load_encoding("gpt2")  # first: without its tokenizer, a download of the weights is of no use
-        directory = download(init_from)
-    config = gpt_config(read_config(directory), init_from)
-    meta = bpe_meta(config, init_from)
-    return config, gpt_state(read_weights(directory), config, init_from), meta
-
-
-def bpe_meta(config, source):
-    """The tokenizer of a model from the hub's layout without a character tokenizer: tiktoken's gpt2."""
-    n_vocab = load_encoding("gpt2").n_vocab
-    if config.real_vocab_size != n_vocab:
-        raise UserError(f"{source} has a vocabulary of {config.real_vocab_size} tokens and tiktoken's gpt2 "
-                        f"{n_vocab}; only models with GPT-2's vocabulary (or exported characters) load here")
-    return {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": n_vocab}

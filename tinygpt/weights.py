@@ -1,7 +1,7 @@
 """Weights that exist: a checkpoint or GPT-2, loaded to sample from and score, or to start a run from.
 
     python sample.py --out_dir=out/shakespeare_char          # load_model: best.pt, or ckpt.pt
-    python sample.py --init_from=gpt2 --start="Hello"        # load_model: GPT-2 (tinygpt/gpt2.py)
+    python sample.py --init_from=gpt2 --start="Hello"        # load_model: GPT-2, or an export (tinygpt/export.py)
 
     python train.py config/finetune_shakespeare_gpt2.toml   # --init_from=gpt2, or a checkpoint
 
