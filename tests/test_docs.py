@@ -71,8 +71,8 @@ def test_every_command_names_a_script_and_its_options(page, script, arguments):
 
 
 def test_every_flag_named_alone_is_an_option_of_some_script():
-    every = set().union(*(options_of(importlib.import_module(name)) for name in
-                          ("train", "sample", "prepare", "tinygpt.score", "tinygpt.plot", "tinygpt.export", "ladder", "gpu")))
+    scripts = ("train", "sample", "prepare", "tinygpt.score", "tinygpt.plot", "tinygpt.export", "ladder", "gpu")
+    every = set().union(*(options_of(importlib.import_module(name)) for name in scripts))
     for page in PAGES:
         for span in re.findall(r"`(--[^`]+)`", page.read_text(encoding="utf-8")):
             name = FLAG.match(span)[1].replace("-", "_")

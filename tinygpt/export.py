@@ -70,7 +70,7 @@ class ExportConfig:
 @system.cli
 def main(argv):
     cfg = load_config(ExportConfig, argv, "-m tinygpt.export", __doc__)
-    target = check_target(cfg)
+    target = check_paths(cfg)
     path = checkpoint_path(cfg.out_dir, cfg.checkpoint)
     model, tokenizer = read_checkpoint(path)
     arch = architecture(model.config)
@@ -94,7 +94,9 @@ def main(argv):
 # --- What can be exported ------------------------------------------------------------------------
 
 
-def check_target(cfg):
+def check_paths(cfg):
+    """--to as a Path, or a UserError for a target that is missing, a file, or there (without --overwrite), or an
+    --out_dir that is a file."""
     if not cfg.to:
         raise UserError("no target: pass --to=DIR, the directory to write the model to")
     if Path(cfg.out_dir).is_file():
