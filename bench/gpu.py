@@ -285,8 +285,10 @@ def automatic(bench, compiled):
     mixed = autocast(bench.device, torch.bfloat16 if bench.gpu else torch.float32)
     whole = mean_loss(model, splits["val"], model.config.block_size, 64, bench.device, mixed)
     sized = next((text for _, text in lines if text.startswith("no preset")), "")
-    figures = {**step_figures(records), "whole_val": whole, "sized": sized}
-    return f"{said(figures)}; whole val split {whole:.4f}; {sized[:160]}", figures
+    # Seconds to the first step: sizing, the fit's probe and, compiled, the compile (the two parts' difference).
+    setup = next((t for t, text in lines if " params, " in text), None)
+    figures = {**step_figures(records), "whole_val": whole, "sized": sized, "setup_s": setup}
+    return f"{said(figures)}; whole val split {whole:.4f}; set-up {setup or 0:.0f} s; {sized[:160]}", figures
 
 
 def sampling(bench):
