@@ -308,6 +308,7 @@ def test_a_failed_write_leaves_the_old_export_whole(runs, exported, tmp_path, ca
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}},
      "partial_rotary_factor"),
     ({"hidden_act": "relu"}, "hidden_act"),
+    ({"attention_bias": False}, "attention_bias"),
 ])
 def test_a_gpt_neox_that_model_py_cannot_compute_is_one_error_line(exported, tmp_path, capsys, change, says):
     directory = tmp_path / "neox"

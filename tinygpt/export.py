@@ -323,6 +323,7 @@ def neox_config(hf, source):
     n_embd = hf.get("hidden_size")
     unlike = {  # model.py's: sequential residuals, every channel turned at rope_frequencies' rates, 4x MLP
         "use_parallel_residual": hf.get("use_parallel_residual", True),
+        "attention_bias": hf.get("attention_bias", True) is not True,  # without, no bias tensors to read
         "partial_rotary_factor": rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)) != 1,
         "rope_theta": rope.get("rope_theta", hf.get("rotary_emb_base", ROPE_BASE)) != ROPE_BASE,
         "rope_type": rope.get("rope_type", "default") != "default",
