@@ -172,14 +172,14 @@ class RunLock:
     so a killed run's lock is simply taken over."""
 
     def __init__(self, out_dir):
-        self.out_dir, self.made = Path(out_dir), False
+        self.out_dir, self.made = Path(out_dir), None
         self.lock = filelock.FileLock(self.out_dir / "lock")
 
     def acquire(self):
         """Takes the lock, or raises a UserError saying another run holds it; then removes what a run killed
         while saving left half-written, which is ours to remove once the lock is."""
         try:
-            self.made = not self.out_dir.exists()
+            self.made = next((d for d in (*reversed(self.out_dir.parents), self.out_dir) if not d.exists()), None)
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.lock.acquire(timeout=0)
         except filelock.Timeout:
@@ -191,11 +191,12 @@ class RunLock:
             (self.out_dir / name).unlink(missing_ok=True)
 
     def release(self):
-        """Lets go of the lock; an out_dir that acquire made and the run left empty goes with it."""
+        """Lets go of the lock; an out_dir that acquire made and the run left empty goes with it, and so do
+        the directories acquire made above it."""
         if self.lock.is_locked:
             self.lock.release()
             if self.made and os.listdir(self.out_dir) == ["lock"]:
-                shutil.rmtree(self.out_dir, ignore_errors=True)
+                shutil.rmtree(self.made, ignore_errors=True)
 
 
 def append_record(out_dir, record):
