@@ -179,7 +179,7 @@ class RunLock:
         """Takes the lock, or raises a UserError saying another run holds it; then removes what a run killed
         while saving left half-written, which is ours to remove once the lock is."""
         try:
-            self.made = next((d for d in (*reversed(self.out_dir.parents), self.out_dir) if not d.exists()), None)
+            self.made = next((d for d in (*self.out_dir.parents[::-1], self.out_dir) if not d.exists()), None)
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.lock.acquire(timeout=0)
         except filelock.Timeout:
@@ -191,8 +191,7 @@ class RunLock:
             (self.out_dir / name).unlink(missing_ok=True)
 
     def release(self):
-        """Lets go of the lock; an out_dir that acquire made and the run left empty goes with it, and so do
-        the directories acquire made above it."""
+        """Lets go of the lock; the directories acquire made, if the run left out_dir empty, go with it."""
         if self.lock.is_locked:
             self.lock.release()
             if self.made and os.listdir(self.out_dir) == ["lock"]:
