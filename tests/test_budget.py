@@ -83,7 +83,7 @@ def test_a_short_budget_chooses_a_model_it_can_give_max_steps_even_at_the_smalle
             continue  # nothing smaller to choose
         larger_ones += 1
         flops = budget.model_flops_per_token(chosen["n_layer"], chosen["n_embd"], chosen["block_size"], 65)
-        steps = 50 * GFLOPS * seconds / flops / (budget.MIN_BATCH * chosen["block_size"])
+        steps = 50 * GFLOPS * seconds / flops / budget.MIN_BATCH_TOKENS
         assert steps >= budget.MIN_STEPS, (seconds, chosen)
     assert larger_ones > 50
 
@@ -159,6 +159,13 @@ def test_size_run_settles_where_the_rate_measured_for_a_choice_gives_that_choice
         assert measured[0].dropout == 0.0  # measured as the first guess would train, not with the default's 0.2
 
 
+def test_a_model_from_128_wide_reads_256_positions_and_its_smallest_batch_holds_as_many_tokens():
+    assert [budget.shape_settings(*shape)["block_size"] for shape in budget.SHAPES[:4]] == [64, 64, 256, 256]
+    # Ten hours on a small text: its passes end the run, so the time left goes to the most steps, at the smallest batch.
+    chosen = [choose(train_tokens, seconds=36_000)[0] for train_tokens in (20_000, 100_000)]
+    assert [(c["block_size"], c["batch_size"] * c["block_size"]) for c in chosen] == [(64, 1024), (256, 1024)]
+
+
 def test_a_small_text_caps_the_steps_at_what_it_can_give():
     settings, max_steps = choose(20_000, seconds=36_000)
     tokens_per_step = settings["batch_size"] * settings["block_size"]
@@ -169,7 +176,8 @@ def test_time_left_after_the_passes_a_text_can_give_goes_to_more_smaller_steps()
     plans = [choose(100_000, seconds=s) for s in (1200, 2400, 3600, 36_000)]  # each 5 x 160 over 50 passes
     assert len({(p["n_layer"], p["n_embd"], p["dropout"]) for p, _ in plans}) == 1
     batches, steps = [p["batch_size"] for p, _ in plans], [s for _, s in plans]
-    assert batches == sorted(batches, reverse=True) and batches[0] > batches[-1] == budget.MIN_BATCH
+    smallest = budget.MIN_BATCH_TOKENS // plans[-1][0]["block_size"]
+    assert batches == sorted(batches, reverse=True) and batches[0] > batches[-1] == smallest
     assert steps == sorted(steps) and steps[0] < steps[-1]
 
 

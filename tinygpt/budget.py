@@ -26,12 +26,12 @@ from tinygpt.system import process_age  # the budget's clock
 DEFAULT_BUDGET = "5m"  # with no preset and no --max_iters: a few minutes of a laptop's time
 MAX_BUDGET = 1000 * 3600  # the longest budget planned for, in seconds (longer ones overflow the sizing's sums)
 # Model sizes, smallest first, each about twice the parameters of the one before; heads 32 wide up to 256, 64
-# beyond; the context 64 below a width of 128, 128 up to 192, 256 beyond.
+# beyond; the context 64 below a width of 128, 256 from it.
 SHAPES = [(2, 64), (3, 96), (4, 128), (5, 160), (6, 192), (6, 256), (8, 320), (8, 384), (10, 512), (12, 768)]
 TOKENS_PER_PARAM = 3  # training tokens (repeats counted) a parameter needs to beat a smaller model trained longer
 MAX_EPOCHS = 50  # passes over a text that still help, with dropout
 MIN_STEPS = 1500  # a run takes at least this many steps where its time allows: past it, larger batches
-MIN_BATCH = 16  # the smallest batch the rule gives
+MIN_BATCH_TOKENS = 16 * 64  # the smallest batch the rule gives, in tokens: 16 sequences of 64, 4 of 256
 # The fast recipe (config/shakespeare_char_cpu_fast.toml), with the learning rate decayed to 0.
 RECIPE = {"pos": "rope", "optimizer": "muon", "muon_lr": 0.015, "muon_momentum": 0.9, "learning_rate": 1.5e-3,
           "min_lr": 0.0, "weight_decay": 0.1, "bias": False}
@@ -61,7 +61,7 @@ def parse_duration(text):
 
 
 def shape_settings(n_layer, n_embd):
-    block = 64 if n_embd < 128 else 128 if n_embd <= 192 else 256
+    block = 64 if n_embd < 128 else 256
     return {"n_layer": n_layer, "n_embd": n_embd, "n_head": heads(n_embd), "block_size": block}
 
 
@@ -84,9 +84,11 @@ def model_flops_per_token(n_layer, n_embd, block_size, vocab_size):
 
 
 def first_guess(val_tokens):
-    """The model whose rate a sizing measures first: the middle of SHAPES, as the recipe trains it."""
-    guess = {**shape_settings(*SHAPES[2]), **RECIPE, "batch_size": MIN_BATCH, "dropout": 0.0}
-    return guess | {"block_size": min(guess["block_size"], val_tokens // 2)}  # a short text's: as it would train
+    """The model whose rate a sizing measures first: the middle of SHAPES, as the recipe trains it, at twice
+    the smallest batch."""
+    guess = {**shape_settings(*SHAPES[2]), **RECIPE, "dropout": 0.0}
+    block = min(guess["block_size"], val_tokens // 2)  # a short text's: as it would train
+    return guess | {"block_size": block, "batch_size": max(1, 2 * MIN_BATCH_TOKENS // block)}
 
 
 def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given=None):
@@ -107,7 +109,7 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
                                                                       vocab_size))
 
     def fed(s):  # enough tokens per parameter, and MIN_STEPS steps even at the smallest batch (or the whole text)
-        n, smallest_batch = tokens(s), given.get("batch_size", MIN_BATCH)
+        n, smallest_batch = tokens(s), given.get("batch_size", MIN_BATCH_TOKENS / s["block_size"])
         enough_steps = n >= data_tokens or n >= MIN_STEPS * s["block_size"] * smallest_batch
         return enough_steps and n >= TOKENS_PER_PARAM * block_params(s["n_layer"], s["n_embd"])
 
@@ -117,7 +119,7 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     epochs = total / train_tokens
     # A batch for MIN_STEPS steps; a run that the text ends before the time spends the time left on more steps.
     steps = MIN_STEPS * tokens(settings, math.inf) / total
-    batch = given.get("batch_size", max(MIN_BATCH, min(128, 8 * round(total / (block * steps) / 8))))
+    batch = given.get("batch_size", max(MIN_BATCH_TOKENS // block, min(128, 8 * round(total / (block * steps) / 8))))
     # Dropout: none up to 8 passes, 0.1 more each time they double, at most 0.2, and 0.06 less than that each
     # time the tokens per parameter double from the fewest the rule allows (a model with many still learns).
     per_param = total / block_params(settings["n_layer"], settings["n_embd"])
