@@ -166,6 +166,11 @@ def test_a_model_from_128_wide_reads_256_positions_and_its_smallest_batch_holds_
     assert [(c["block_size"], c["batch_size"] * c["block_size"]) for c in chosen] == [(64, 1024), (256, 1024)]
 
 
+def test_a_context_given_longer_than_the_smallest_batch_still_gets_a_batch():
+    settings, _ = budget.choose_run(1_000_000, 100_000, 65, 5 * GFLOPS, 60, given={"block_size": 4096})
+    assert settings["batch_size"] >= 1
+
+
 def test_a_small_text_caps_the_steps_at_what_it_can_give():
     settings, max_steps = choose(20_000, seconds=36_000)
     tokens_per_step = settings["batch_size"] * settings["block_size"]
