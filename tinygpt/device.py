@@ -9,6 +9,7 @@ process (a plan, a decision to stop) is rank 0's, broadcast to all.
 
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import re
 import shutil
@@ -164,19 +165,21 @@ def autocast(device_type, dtype):
     return contextlib.nullcontext() if dtype == torch.float32 else torch.autocast(device_type, dtype=dtype)
 
 
+def compiler_missing(device_type):
+    """Why torch.compile cannot run on device_type here, or None where it can."""
+    if device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+        return "--compile needs a C++ compiler on CPU and none was found"
+    if device_type == "cuda" and importlib.util.find_spec("triton") is None:
+        return "--compile needs triton on CUDA and it is not installed"
+    if device_type == "mps":
+        return "--compile is not tried on mps here"
+    return None
+
+
 def maybe_compile(model, device_type):
     """torch.compile where a compiler toolchain exists for the device, else eager."""
-    if device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
-        print("warning: --compile needs a C++ compiler on CPU and none was found; running uncompiled")
-        return model
-    if device_type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            print("warning: --compile needs triton on CUDA and it is not installed; running uncompiled")
-            return model
-    if device_type == "mps":
-        print("warning: --compile is not tried on mps here: training runs uncompiled (eager) on mps")
+    if missing := compiler_missing(device_type):
+        print(f"warning: {missing}; running uncompiled")
         return model
     return torch.compile(model)
 
