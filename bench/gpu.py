@@ -278,7 +278,7 @@ def automatic(bench, compiled):
     name = "auto_compiled" if compiled else "auto"
     args = [f"--data_dir={bench.work / 'data'}", f"--max_time={'12s' if bench.cfg.smoke else bench.cfg.auto_time}"]
     args += ["--device=cpu"] if bench.cfg.smoke else []
-    args += ["--compile=true"] if compiled else []
+    args += [f"--compile={str(compiled).lower()}"]  # both said: the rule alone compiles on a GPU from ~1 minute
     _, lines, records = bench.train(name, args, parse_duration(args[1].split("=")[1]) + 120)
     model, _ = model_from_checkpoint(bench.work / name / "best.pt", bench.device)
     meta, splits = load_data(bench.work / "data")

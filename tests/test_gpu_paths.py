@@ -3,6 +3,7 @@ measured against, MFU over many processes, TF32 and the GPU a lone process train
 again when a run moves to another kind of device, fp16's scaler on a resume, and sizing for several
 processes. What only a GPU can show is listed in docs/results.md."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -87,3 +88,44 @@ def test_sizing_for_two_processes_counts_both(monkeypatch):
     assert budget.block_params(two.n_layer, two.n_embd) >= budget.block_params(one.n_layer, one.n_embd)
     tokens = [c.batch_size * c.block_size * w * steps for c, w, steps in ((one, 1, one_steps), (two, 2, two_steps))]
     assert tokens[1] == pytest.approx(tokens[0], rel=0.05)  # the passes cap counts every process's batches
+
+
+
+def sized_on(device_name, max_time="5m", **given):
+    """The settings size_for_data picks for a text of 1M tokens on device_name, its steps timed at 50 ms
+    (eager), at the start of the budget's clock."""
+    cfg = dataclasses.replace(train.TrainConfig(max_time=max_time), **given)
+    sources = {"max_time": "command line", **dict.fromkeys(given, "command line")}
+    data = ({"vocab_size": 65}, {"train": range(1_000_000), "val": range(100_000)})
+    procs, time_budget = device.Processes(0, 1, device_name), budget.Budget(cfg, sources)
+    return budget.size_for_data(cfg, sources, data, procs, time_budget, lambda c: (0.05, 0.5))
+
+
+def shape(cfg):
+    return cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.batch_size
+
+
+def eager_choice(seconds):
+    return budget.size_run(train.TrainConfig(), {}, (1_000_000, 100_000, 65), seconds, 1, lambda c: (0.05, 0.5))[0]
+
+
+def test_a_timed_run_with_no_preset_compiles_on_a_gpu_where_the_time_repays_it(monkeypatch):
+    monkeypatch.setattr(budget, "process_age", lambda: 0.0)
+    monkeypatch.setattr(budget, "compiler_missing", lambda device_type: None)  # as if triton were installed
+    speedup, compiling = budget.COMPILING["cuda"]
+    gpu = sized_on("cuda:0")
+    assert gpu.compile
+    # its sizing counts the seconds compiling takes and the faster steps they buy
+    assert shape(gpu) == shape(eager_choice((300 - compiling) * speedup)) != shape(eager_choice(300))
+    too_short = f"{compiling * speedup / (speedup - 1) - 1:.0f}s"  # where (left - compiling) * speedup < left
+    for eager in (sized_on("cuda:0", too_short), sized_on("cuda:0", compile=False), sized_on("cuda:0", max_iters=50),
+                  sized_on("cpu"), sized_on("mps")):
+        assert not eager.compile
+    assert shape(sized_on("cpu")) == shape(eager_choice(300))
+
+
+def test_a_gpu_without_triton_is_not_chosen_to_compile(monkeypatch):
+    monkeypatch.setattr(budget, "process_age", lambda: 0.0)
+    monkeypatch.setattr(device.importlib.util, "find_spec", lambda name: None)
+    assert "triton" in device.compiler_missing("cuda")
+    assert not sized_on("cuda:0").compile

@@ -20,7 +20,7 @@ import time
 import torch
 
 from config import UserError
-from tinygpt.device import train_flops_per_token
+from tinygpt.device import compiler_missing, train_flops_per_token
 from tinygpt.system import process_age  # the budget's clock
 
 DEFAULT_BUDGET = "5m"  # with no preset and no --max_iters: a few minutes of a laptop's time
@@ -41,6 +41,9 @@ EVALS, MIN_EVALS, EVAL_SHARE = 12, 4, 0.03
 USABLE = 0.97  # of a budget, for steps and evaluations: the rest for saving, the exit and a slower last quarter
 EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large to read whole, whatever the batch
 SIZED = ("n_layer", "n_embd", "block_size", "batch_size")  # a run with no preset chooses these, unless all are given
+# A timed run with no preset compiles where the faster steps repay the compiling: per device type, (a step's
+# speed-up, seconds to compile), from an H100's and an H200's runs (docs/results.md); a CPU's: docs/own_text.md.
+COMPILING = {"cuda": (1.8, 25.0)}
 
 
 def parse_duration(text):
@@ -165,7 +168,8 @@ def size_run(cfg, sources, sizes, seconds_left, world, measure):
     kept = sorted(k for k in settings if k in sources)  # the rule's estimate is then of another run: not said
     said = (f"no preset: sized for the data ({sizes[0]:,} training tokens): {cfg.n_layer} layers x {cfg.n_embd} "
             f"wide, block {cfg.block_size}, batch {cfg.batch_size}, dropout {cfg.dropout:g}, {cfg.optimizer}, "
-            f"{cfg.pos} positions" + (f" ({', '.join(kept)} as given)" if kept else f": {reason}"))
+            f"{cfg.pos} positions{', compiled' * cfg.compile}"
+            + (f" ({', '.join(kept)} as given)" if kept else f": {reason}"))
     return cfg, said, times
 
 
@@ -176,7 +180,13 @@ def size_for_data(cfg, sources, data, procs, time_budget, measure):
     seconds = time_budget.seconds if time_budget else parse_duration(DEFAULT_BUDGET)
     sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
     left = seconds - procs.broadcast((process_age(),))[0]  # rank 0's clock: all size alike
-    cfg, said, times = size_run(cfg, sources, sizes, left, procs.world, measure)
+    speedup, compiling = COMPILING.get(procs.device_type, (1.0, 0.0))
+    if time_budget is not None and time_budget.max_steps is None and "compile" not in sources:  # where it pays
+        pays = (left - compiling) * speedup > left and not compiler_missing(procs.device_type)
+        cfg = dataclasses.replace(cfg, compile=pays)
+    speedup, compiling = (speedup, compiling) if cfg.compile else (1.0, 0.0)
+    # Sized at the eager rate measured, for the seconds left after compiling, as many as the speed-up makes them.
+    cfg, said, times = size_run(cfg, sources, sizes, (left - compiling) * speedup, procs.world, measure)
     procs.say(said)
     if time_budget is not None:
         time_budget.use_sizing(cfg, sizes[0], procs.world, times)
