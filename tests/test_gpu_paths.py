@@ -90,7 +90,6 @@ def test_sizing_for_two_processes_counts_both(monkeypatch):
     assert tokens[1] == pytest.approx(tokens[0], rel=0.05)  # the passes cap counts every process's batches
 
 
-
 def sized_on(device_name, max_time="5m", **given):
     """The settings size_for_data picks for a text of 1M tokens on device_name, its steps timed at 50 ms
     (eager), at the start of the budget's clock."""
