@@ -19,6 +19,7 @@ between the rare runs on a GPU. The table goes to docs/results.md with each GPU 
 """
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -291,6 +292,72 @@ def automatic(bench, compiled):
     return f"{said(figures)}; whole val split {whole:.4f}; set-up {setup or 0:.0f} s; {sized[:160]}", figures
 
 
+def optimizer_steps(bench):
+    """One optimizer step over the fast preset's block matrices (smoke: tiny ones), synchronized: fused
+    AdamW (what the reference preset steps them with), torch.optim.Muon, ours, and ours as --compile makes
+    it (on a GPU); the same gradients for each."""
+    from tinygpt.optim import muon
+    from train import TrainConfig
+
+    C, layers = (32, 2) if bench.cfg.smoke else (384, 6)
+    torch.manual_seed(0)
+    matrices = [torch.randn(shape, device=bench.device) / C**0.5 for _ in range(layers)
+                for shape in [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)]]
+    cfg = TrainConfig(optimizer="muon", muon_lr=0.015, learning_rate=1.5e-3)
+    settings = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=True, weight_decay=cfg.muon_weight_decay,
+                    adjust_lr_fn="match_rms_adamw")
+    makers = {"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+              "torch_muon": lambda ps: torch.optim.Muon(ps, **settings), "ours": lambda ps: muon(ps, cfg)}
+    if bench.gpu:
+        makers["ours_compiled"] = lambda ps: muon(ps, dataclasses.replace(cfg, compile=True))
+    figures = {}
+    for name, make in makers.items():
+        params = [m.clone().requires_grad_() for m in matrices]
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+        opt = make(params)
+
+        def step(opt=opt):
+            opt.step()
+            if bench.gpu:
+                torch.cuda.synchronize()
+
+        for _ in range(5):  # warm-up, and compiling
+            step()
+        figures[name] = 1000 * statistics.median(timed(step) for _ in range(30))
+    text = ", ".join(f"{name} {ms:.2f} ms" for name, ms in figures.items())
+    return f"{layers} x 4 matrices {C} wide, per step: {text}", figures
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def compiling(bench):
+    """budget.COMPILING's figures, for the model the automatic run chose at 5 minutes on an H100 (the
+    recipe at 8 x 384, block 256, batch 40): the same steps eager and compiled; a step's speed-up, and the
+    seconds compiling adds to the process (its evaluations' graph included)."""
+    data = f"--data_dir={bench.work / 'data'}"
+    shape = ["--n_layer=2", "--n_embd=32", "--n_head=2", "--block_size=32", "--batch_size=4", "--device=cpu"] \
+        if bench.cfg.smoke else ["--n_layer=8", "--n_embd=384", "--n_head=6", "--block_size=256", "--batch_size=40"]
+    recipe = ["--pos=rope", "--optimizer=muon", "--muon_lr=0.015", "--learning_rate=1.5e-3", "--bias=false",
+              "--dropout=0.1"]
+    steps = 10 if bench.cfg.smoke else 200
+    runs = {}
+    for compiled in (False, True):
+        args = [data, *shape, *recipe, f"--max_iters={steps}", "--eval_interval=100000", "--eval_iters=10",
+                "--log_interval=10", f"--compile={str(compiled and not bench.cfg.smoke).lower()}"]
+        _, lines, records = bench.train("compiled_steps" if compiled else "eager_steps", args, 150)
+        runs[compiled] = lines[-1][0], step_figures(records)["ms_per_step"]
+    (eager_s, eager_ms), (compiled_s, compiled_ms) = runs[False], runs[True]
+    figures = {"eager_ms": eager_ms, "compiled_ms": compiled_ms, "speedup": eager_ms / compiled_ms,
+               "compile_s": compiled_s - eager_s - steps * (compiled_ms - eager_ms) / 1000}
+    return (f"{steps} steps: eager {eager_ms:.1f} ms, compiled {compiled_ms:.1f} ms, {figures['speedup']:.2f}x; "
+            f"compiling added {figures['compile_s']:.0f} s"), figures
+
+
 def sampling(bench):
     """500 new tokens, temperature 0.8, top-k 200, in one process: ours and nanoGPT's, taking turns, the
     same shape and random weights, both under bf16 autocast on a GPU."""
@@ -356,12 +423,14 @@ def main(argv):
     bench.part("machine", 0, the_machine, bench)
     bench.part("prepare", 5, prepare, bench)
     bench.part("bf16", 20, bf16_eager, bench)
+    bench.part("optimizers", 10 if cfg.smoke else 40, optimizer_steps, bench)
     if has_nanogpt and bench.gpu:
         bench.part("compiled", 90, compiled_against_nanogpt, bench)
     elif not cfg.parts or "compiled" in cfg.parts:
         bench.rows.append({"part": "compiled", "status": "skipped", "summary": "needs a GPU and --nanogpt",
                            "seconds": 0})
     bench.part("fast", 30 if cfg.smoke else 60, fast_preset, bench)
+    bench.part("compiling", 20 if cfg.smoke else 80, compiling, bench)
     bench.part("auto", 25 if cfg.smoke else 70, automatic, bench, False)
     bench.part("fp16", 30, fp16_stop_and_resume, bench)
     bench.part("sampling", 10, sampling, bench)
