@@ -148,7 +148,7 @@ def size_run(cfg, sources, sizes, seconds_left, world, measure):
     given = {k: getattr(cfg, k) for k in (*SIZED, "n_head", "dropout") if k in sources}
     settings, tried, times, started = first_guess(sizes[1]), [], {}, time.perf_counter()
     for _ in range(5):
-        trial, t0 = dataclasses.replace(cfg, **free(settings), compile=False), time.perf_counter()
+        trial, t0 = dataclasses.replace(cfg, **free(settings)), time.perf_counter()
         step_s, _ = times[dataclasses.astuple(trial)] = measure(trial)
         if seconds_left - (time.perf_counter() - started) < time.perf_counter() - t0 + step_s:  # no room for more
             raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} is too short to size a run for this data: "

@@ -12,8 +12,6 @@ from collections import defaultdict
 
 import torch
 
-from tinygpt.device import compiler_missing
-
 
 def orthogonalize(G, coefficients=(3.4445, -4.7750, 2.0315), steps=5, eps=1e-7):
     """G (N, A, B) -> (N, A, B) in float32: each matrix with its singular values
@@ -54,8 +52,6 @@ class Muon(torch.optim.Muon):
     momentum buffer per matrix) and the same update to within bf16 precision: tests/test_optim.py.
     """
 
-    orthogonalize = staticmethod(orthogonalize)  # muon() compiles it with the model: one chain of kernels per shape
-
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
@@ -72,8 +68,7 @@ class Muon(torch.optim.Muon):
                     buf = self.state[p]["momentum_buffer"]
                     buf.lerp_(p.grad, 1 - momentum)
                     updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
-                settings = group["ns_coefficients"], group["ns_steps"], group["eps"]
-                ortho = self.orthogonalize(torch.stack(updates), *settings)
+                ortho = orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"])
                 if group["adjust_lr_fn"] == "match_rms_adamw":
                     scale = 0.2 * math.sqrt(max(A, B))  # the update's RMS becomes AdamW's typical 0.2
                 else:
@@ -86,12 +81,9 @@ class Muon(torch.optim.Muon):
 def muon(matrices, cfg):
     """Muon for matrices, with train.py's settings cfg. Its group's lr_scale multiplies the schedule's
     learning rate, so that Muon and AdamW warm up and decay together, each from its own peak."""
-    opt = Muon([{"params": matrices, "lr_scale": cfg.muon_lr / cfg.learning_rate}], lr=cfg.muon_lr,
-               weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, nesterov=True,
-               ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw")
-    if cfg.compile and not compiler_missing(matrices[0].device.type):
-        opt.orthogonalize = torch.compile(orthogonalize, dynamic=False)  # its shapes never change in a run
-    return opt
+    return Muon([{"params": matrices, "lr_scale": cfg.muon_lr / cfg.learning_rate}], lr=cfg.muon_lr,
+                weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum, nesterov=True,
+                ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw")
 
 
 class Optimizers:
