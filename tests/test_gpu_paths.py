@@ -112,10 +112,10 @@ def test_a_timed_run_with_no_preset_compiles_on_a_gpu_where_the_time_repays_it(m
     monkeypatch.setattr(budget, "process_age", lambda: 0.0)
     monkeypatch.setattr(budget, "compiler_missing", lambda device_type: None)  # as if triton were installed
     speedup, compiling = budget.COMPILING["cuda"]
-    gpu = sized_on("cuda:0")
-    assert gpu.compile
+    gpu = sized_on("cuda:0", "200s")
+    assert gpu.compile and sized_on("cuda:0").compile
     # its sizing counts the seconds compiling takes and the faster steps they buy
-    assert shape(gpu) == shape(eager_choice((300 - compiling) * speedup)) != shape(eager_choice(300))
+    assert shape(gpu) == shape(eager_choice((200 - compiling) * speedup)) != shape(eager_choice(200))
     too_short = f"{compiling * speedup / (speedup - 1) - 1:.0f}s"  # where (left - compiling) * speedup < left
     for eager in (sized_on("cuda:0", too_short), sized_on("cuda:0", compile=False), sized_on("cuda:0", max_iters=50),
                   sized_on("cpu"), sized_on("mps")):

@@ -42,8 +42,8 @@ USABLE = 0.97  # of a budget, for steps and evaluations: the rest for saving, th
 EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large to read whole, whatever the batch
 SIZED = ("n_layer", "n_embd", "block_size", "batch_size")  # a run with no preset chooses these, unless all are given
 # A timed run with no preset compiles where the faster steps repay the compiling: per device type, (a step's
-# speed-up, seconds to compile), from an H100's and an H200's runs (docs/results.md); a CPU's: docs/own_text.md.
-COMPILING = {"cuda": (1.8, 25.0)}
+# speed-up, seconds to compile), measured on an H100 (docs/results.md); a CPU's: docs/own_text.md.
+COMPILING = {"cuda": (1.37, 41.0)}
 
 
 def parse_duration(text):
