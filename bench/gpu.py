@@ -1,17 +1,19 @@
 """Everything one GPU can show, in one call: a table of what it saw, and the raw figures as JSON.
 
-    python bench/gpu.py --nanogpt=PATH --input=input.txt --out=DIR   # on a GPU: about 8 minutes
+    python bench/gpu.py --nanogpt=PATH --input=input.txt --out=DIR   # on a GPU: about 9 minutes
     python bench/gpu.py --smoke                                      # on a CPU: tiny sizes, a minute
 
-Each part runs as whole processes of this repository's own commands, in turn, each with a time cap;
-a part that would not fit in what is left of --budget is skipped with a line, and one that fails is
+Each part runs as whole processes of this repository's own commands, in turn, each with a time cap; a
+part that would not fit in what is left of --budget is skipped with a line, and one that fails is
 recorded and the rest go on. The parts: the machine (torch, CUDA, the GPU); the reference preset in
-bf16, uncompiled; fp16, stopped by SIGTERM and resumed; the reference preset compiled, against
-nanoGPT's GPU reference (config/train_shakespeare_char.py, compiled) over the same steps, MFU for both
-against this GPU's peak; the fast preset (Muon, rope) compiled, to nanoGPT's 1.4697 as far as its cap
-allows, its step against the reference's; the automatic run (no preset) for --auto_time, uncompiled and
-compiled, scored on the whole val split; sampling against nanoGPT's, in one process, the same shape and
-random weights; torchrun over every GPU present (NCCL); peak memory where each run logged it.
+bf16, uncompiled; one optimizer step on the fast preset's matrices, AdamW, torch's Muon and ours; fp16,
+stopped by SIGTERM and resumed; the reference preset compiled, against nanoGPT's GPU reference
+(config/train_shakespeare_char.py, compiled) over the same steps, MFU for both against this GPU's peak;
+the fast preset (Muon, rope) compiled, to nanoGPT's 1.4697 as far as its cap allows, its step against
+the reference's; budget.COMPILING's figures, the same steps eager and compiled; the automatic run (no
+preset) for --auto_time, uncompiled and compiled, scored on the whole val split; sampling against
+nanoGPT's, in one process, the same shape and random weights; torchrun over every GPU present (NCCL);
+peak memory where each run logged it.
 
 With --smoke every part runs on the CPU at tiny sizes and without compiling, nanoGPT's parts only
 where --nanogpt exists: the suite runs it (tests/test_gpu_bench.py), so the script keeps working
@@ -19,7 +21,6 @@ between the rare runs on a GPU. The table goes to docs/results.md with each GPU 
 """
 
 import contextlib
-import dataclasses
 import importlib.util
 import json
 import os
@@ -45,7 +46,7 @@ from tinygpt import system  # noqa: E402
 from tinygpt.budget import parse_duration  # noqa: E402
 from tinygpt.dataset import load_data, mean_loss  # noqa: E402
 from tinygpt.decoding import generate  # noqa: E402
-from tinygpt.device import autocast, peak_flops  # noqa: E402
+from tinygpt.device import autocast, peak_flops, start_processes  # noqa: E402
 from tinygpt.weights import model_from_checkpoint  # noqa: E402
 
 NANOGPT_TARGET = 1.4697  # nanoGPT's README: val loss of its GPU reference run after 5000 steps
@@ -59,7 +60,7 @@ class GpuConfig:
     input: str = option("../shared/data/tinyshakespeare/input.txt", "Tiny Shakespeare (smoke: a made-up text)")
     out: str = option("", "where the table and the JSON go (empty: $OUT if set, else --work)")
     work: str = option("out/bench_gpu", "where the data, the runs and nanoGPT's copy go (emptied first)")
-    budget: int = option(480, "seconds for every part together", low=1)
+    budget: int = option(540, "seconds for every part together", low=1)
     steps: int = option(300, "steps of each timed run (bf16, compiled, nanoGPT's)", low=10)
     auto_time: str = option("1m", "the automatic run's --max_time")
     fast_cap: int = option(100, "seconds the fast preset may train, towards nanoGPT's 1.4697", low=1)
@@ -294,10 +295,12 @@ def automatic(bench, compiled):
 
 def optimizer_steps(bench):
     """One optimizer step over the fast preset's block matrices (smoke: tiny ones), synchronized: fused
-    AdamW (what the reference preset steps them with), torch.optim.Muon, ours, and ours as --compile makes
-    it (on a GPU); the same gradients for each."""
+    AdamW (what the reference preset steps them with), torch.optim.Muon and ours; the same gradients for
+    each, float32 matmuls on TF32 as in training."""
     from tinygpt.optim import muon
     from train import TrainConfig
+
+    start_processes(bench.device)  # as train.py does: on a GPU, TF32 for Muon's float32 matmuls
 
     C, layers = (32, 2) if bench.cfg.smoke else (384, 6)
     torch.manual_seed(0)
@@ -308,8 +311,6 @@ def optimizer_steps(bench):
                     adjust_lr_fn="match_rms_adamw")
     makers = {"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
               "torch_muon": lambda ps: torch.optim.Muon(ps, **settings), "ours": lambda ps: muon(ps, cfg)}
-    if bench.gpu:
-        makers["ours_compiled"] = lambda ps: muon(ps, dataclasses.replace(cfg, compile=True))
     figures = {}
     for name, make in makers.items():
         params = [m.clone().requires_grad_() for m in matrices]

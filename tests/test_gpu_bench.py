@@ -16,9 +16,12 @@ def test_the_gpu_script_runs_every_part_it_can_on_a_cpu(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "gpu.json").read_text(encoding="utf-8"))
     status = {row["part"]: row["status"] for row in report["rows"]}
-    assert status == {"machine": "ok", "prepare": "ok", "bf16": "ok", "compiled": "skipped", "fast": "ok",
-                      "auto": "ok", "fp16": "ok", "sampling": "ok", "torchrun": "ok"}, report["rows"]
+    assert status == {"machine": "ok", "prepare": "ok", "bf16": "ok", "optimizers": "ok", "compiled": "skipped",
+                      "fast": "ok", "compiling": "ok", "auto": "ok", "fp16": "ok", "sampling": "ok",
+                      "torchrun": "ok"}, report["rows"]
     figures = report["figures"]
+    assert sorted(figures["optimizers"]) == ["adamw", "ours", "torch_muon"] and min(figures["optimizers"].values()) > 0
+    assert figures["compiling"]["eager_ms"] > 0 and figures["compiling"]["compiled_ms"] > 0
     assert figures["bf16"]["ms_per_step"] > 0 and figures["bf16"]["best_val"] < 4.2  # ln(65): it learned
     assert figures["fp16"]["stop_exit"] == 143 and figures["fp16"]["resumed_to"] == 20
     assert 0 < figures["auto"]["whole_val"] < 4.2 and figures["auto"]["sized"].startswith("no preset")
