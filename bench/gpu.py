@@ -3,11 +3,12 @@
     python bench/gpu.py --nanogpt=PATH --input=input.txt --out=DIR   # on a GPU: about 9 minutes
     python bench/gpu.py --smoke                                      # on a CPU: tiny sizes, a minute
 
-Each part runs as whole processes of this repository's own commands, in turn, each with a time cap; a
+Most parts run as whole processes of this repository's own commands, in turn, each with a time cap; a
 part that would not fit in what is left of --budget is skipped with a line, and one that fails is
 recorded and the rest go on. The parts: the machine (torch, CUDA, the GPU); the reference preset in
-bf16, uncompiled; one optimizer step on the fast preset's matrices, AdamW, torch's Muon and ours; fp16,
-stopped by SIGTERM and resumed; the reference preset compiled, against nanoGPT's GPU reference
+bf16, uncompiled; the reference and fast presets' steps side by side in one process (compiled), the fast
+one also with torch.optim.Muon, and the kernels each spends its time in; fp16, stopped by SIGTERM and
+resumed; the reference preset compiled, against nanoGPT's GPU reference
 (config/train_shakespeare_char.py, compiled) over the same steps, MFU for both against this GPU's peak;
 the fast preset (Muon, rope) compiled, to nanoGPT's 1.4697 as far as its cap allows, its step against
 the reference's; budget.COMPILING's figures, the same steps eager and compiled; the automatic run (no
@@ -21,6 +22,8 @@ between the rare runs on a GPU. The table goes to docs/results.md with each GPU 
 """
 
 import contextlib
+import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -34,7 +37,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
@@ -46,7 +51,7 @@ from tinygpt import system  # noqa: E402
 from tinygpt.budget import parse_duration  # noqa: E402
 from tinygpt.dataset import load_data, mean_loss  # noqa: E402
 from tinygpt.decoding import generate  # noqa: E402
-from tinygpt.device import autocast, peak_flops, start_processes  # noqa: E402
+from tinygpt.device import NAMES, autocast, maybe_compile, peak_flops, pick_dtype, start_processes  # noqa: E402
 from tinygpt.weights import model_from_checkpoint  # noqa: E402
 
 NANOGPT_TARGET = 1.4697  # nanoGPT's README: val loss of its GPU reference run after 5000 steps
@@ -293,41 +298,50 @@ def automatic(bench, compiled):
     return f"{said(figures)}; whole val split {whole:.4f}; set-up {setup or 0:.0f} s; {sized[:160]}", figures
 
 
-def optimizer_steps(bench):
-    """One optimizer step over the fast preset's block matrices (smoke: tiny ones), synchronized: fused
-    AdamW (what the reference preset steps them with), torch.optim.Muon and ours; the same gradients for
-    each, float32 matmuls on TF32 as in training."""
-    from tinygpt.optim import muon
-    from train import TrainConfig
+def steps_side_by_side(bench):
+    """The reference and fast presets' steps in one process, compiled on a GPU, taking turns, and the
+    fast preset's again with torch.optim.Muon for ours (its step before the batched Muon); the costliest
+    kernels (smoke: CPU ops) of each, in ms a step, in the JSON."""
+    import train
+    from tinygpt.optim import Optimizers
 
-    start_processes(bench.device)  # as train.py does: on a GPU, TF32 for Muon's float32 matmuls
-
-    C, layers = (32, 2) if bench.cfg.smoke else (384, 6)
-    torch.manual_seed(0)
-    matrices = [torch.randn(shape, device=bench.device) / C**0.5 for _ in range(layers)
-                for shape in [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)]]
-    cfg = TrainConfig(optimizer="muon", muon_lr=0.015, learning_rate=1.5e-3)
-    settings = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=True, weight_decay=cfg.muon_weight_decay,
-                    adjust_lr_fn="match_rms_adamw")
-    makers = {"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
-              "torch_muon": lambda ps: torch.optim.Muon(ps, **settings), "ours": lambda ps: muon(ps, cfg)}
-    figures = {}
-    for name, make in makers.items():
-        params = [m.clone().requires_grad_() for m in matrices]
-        for p in params:
-            p.grad = torch.randn_like(p) * 1e-3
-        opt = make(params)
-
-        def step(opt=opt):
-            opt.step()
-            if bench.gpu:
-                torch.cuda.synchronize()
-
-        for _ in range(5):  # warm-up, and compiling
+    procs = start_processes(bench.device)  # as train.py does (on a GPU: TF32 for float32 matmuls)
+    steps = {}
+    for name, args in zip(("reference", "fast"), presets(bench)):
+        cfg = load_config(train.TrainConfig, [str(ROOT / a) if a.endswith(".toml") else a for a in args])
+        cfg = dataclasses.replace(cfg, dtype=NAMES[pick_dtype(cfg.dtype, procs.device_type, training=True)])
+        run = train.build(cfg, load_data(cfg.data_dir), procs)
+        model = maybe_compile(run.raw_model, procs.device_type) if bench.gpu else run.raw_model
+        draw = functools.partial(train.get_batch, run.splits["train"], cfg.batch_size, cfg.block_size,
+                                 np.random.default_rng(0), procs.device)
+        optimizers = {name: run.optimizer}
+        if name == "fast":  # the same model and AdamW, the matrices stepped by torch's Muon
+            adamw, ours = run.optimizer.optimizers
+            theirs = torch.optim.Muon(ours.param_groups[0]["params"], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                                      nesterov=True, weight_decay=cfg.muon_weight_decay, ns_steps=cfg.muon_ns_steps,
+                                      adjust_lr_fn="match_rms_adamw")
+            optimizers["fast_torch_muon"] = Optimizers(adamw, theirs)
+        for key, opt in optimizers.items():
+            steps[key] = functools.partial(train.train_step, model, opt, run.scaler, run.autocast, cfg, *draw(),
+                                           iter(draw, None))  # .item(): each step waits for the device
+    for step in steps.values():
+        for _ in range(3):  # compiling, warming up
             step()
-        figures[name] = 1000 * statistics.median(timed(step) for _ in range(30))
-    text = ", ".join(f"{name} {ms:.2f} ms" for name, ms in figures.items())
-    return f"{layers} x 4 matrices {C} wide, per step: {text}", figures
+    times = {key: [] for key in steps}
+    for _ in range(3 if bench.cfg.smoke else 5):  # taking turns
+        for key, step in steps.items():
+            times[key] += [timed(step) for _ in range(5 if bench.cfg.smoke else 20)]
+    figures = {key: 1000 * statistics.median(t) for key, t in times.items()}
+    activity, column = (ProfilerActivity.CUDA, "self_device_time_total") if bench.gpu else (ProfilerActivity.CPU,
+                                                                                           "self_cpu_time_total")
+    for key, step in steps.items():
+        with profile(activities=[activity]) as prof:
+            for _ in range(10):
+                step()
+        costliest = sorted(prof.key_averages(), key=lambda e: -getattr(e, column))[:8]
+        figures[f"{key}_costliest"] = {e.key[:80]: getattr(e, column) / 1000 / 10 for e in costliest}
+    ratios = ", ".join(f"{key} {figures[key]:.1f} ms ({figures[key] / figures['reference']:.2f}x)" for key in steps)
+    return f"a step, {'compiled, ' * bench.gpu}taking turns: {ratios}", figures
 
 
 def timed(fn):
@@ -424,7 +438,7 @@ def main(argv):
     bench.part("machine", 0, the_machine, bench)
     bench.part("prepare", 5, prepare, bench)
     bench.part("bf16", 20, bf16_eager, bench)
-    bench.part("optimizers", 10 if cfg.smoke else 40, optimizer_steps, bench)
+    bench.part("steps", 20 if cfg.smoke else 90, steps_side_by_side, bench)
     if has_nanogpt and bench.gpu:
         bench.part("compiled", 90, compiled_against_nanogpt, bench)
     elif not cfg.parts or "compiled" in cfg.parts:
