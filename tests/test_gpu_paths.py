@@ -1,6 +1,6 @@
 """The CUDA and multi-process decisions that can be checked without a GPU: the peak each GPU's MFU is
 measured against, MFU over many processes, TF32 and the GPU a lone process trains on, a dtype picked
-again when a run moves to another kind of device, fp16's scaler on a resume, and sizing for several
+again (and compiling off) when a run moves to another kind of device, fp16's scaler on a resume, and sizing for several
 processes. What only a GPU can show is listed in docs/results.md."""
 
 import dataclasses
@@ -67,6 +67,14 @@ def test_a_resumed_run_picks_its_dtype_again_only_on_another_kind_of_device(then
     ckpt = {"train_config": {"dtype": "float32"}, "device_type": then}
     cfg = train.TrainConfig(dtype="bfloat16" if given else "auto")
     assert weights.resumed_config(ckpt, cfg, given, now).dtype == expected
+
+
+def test_a_run_compiled_on_a_gpu_and_resumed_on_a_cpu_runs_uncompiled_there():
+    ckpt = {"train_config": {"compile": True}, "device_type": "cuda"}
+    assert not weights.resumed_config(ckpt, train.TrainConfig(), {}, "cpu").compile
+    assert weights.resumed_config(ckpt, train.TrainConfig(), {}, "cuda").compile  # the same kind of device: kept
+    given = weights.resumed_config(ckpt, train.TrainConfig(compile=True), {"compile": "command line"}, "cpu")
+    assert given.compile  # what the command line says, always
 
 
 def test_a_run_resumed_in_float16_starts_its_loss_scaling_afresh(data_dir, tmp_path):

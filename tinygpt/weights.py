@@ -73,7 +73,7 @@ def restore(ckpt, model, optimizer, scaler):
 def resumed_config(ckpt, cfg, sources, device_type):
     """The settings the run started with, from its checkpoint, with what the command line (not a preset)
     sets now laid over them: a resumed run keeps the choices made at its start (the model sized for the
-    data, the steps its time budget bought); except its dtype on another kind of device, picked again."""
+    data, the steps its time budget bought); except, on another kind of device, its dtype and compiling."""
     if sources.get("max_time") == "command line":
         raise UserError(f"--max_time={cfg.max_time} on a resumed run: it goes on with the steps its start planned; "
                         "drop --max_time, or give --max_iters")
@@ -81,8 +81,8 @@ def resumed_config(ckpt, cfg, sources, device_type):
     start = type(cfg)(**{k: v for k, v in ckpt["train_config"].items() if k in known})
     now = {k: getattr(cfg, k) for k, where in sources.items() if where == "command line"}
     now |= {"out_dir": cfg.out_dir, "init_from": "resume"}
-    if ckpt.get("device_type", device_type) != device_type and "dtype" not in sources:
-        now["dtype"] = "auto"
+    if ckpt.get("device_type", device_type) != device_type:
+        now |= {k: v for k, v in (("dtype", "auto"), ("compile", False)) if k not in sources}
     return dataclasses.replace(start, **now)
 
 
