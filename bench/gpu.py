@@ -12,9 +12,9 @@ resumed; the reference preset compiled, against nanoGPT's GPU reference
 (config/train_shakespeare_char.py, compiled) over the same steps, MFU for both against this GPU's peak;
 the fast preset (Muon, rope) compiled, to nanoGPT's 1.4697 as far as its cap allows, its step against
 the reference's; budget.COMPILING's figures, the same steps eager and compiled; the automatic run (no
-preset) for --auto_time, uncompiled and compiled, scored on the whole val split; sampling against
-nanoGPT's, in one process, the same shape and random weights; torchrun over every GPU present (NCCL);
-peak memory where each run logged it.
+preset) for --auto_time, compiled where the rule says so, scored on the whole val split; sampling
+against nanoGPT's, in one process, the same shape and random weights; torchrun over every GPU present
+(NCCL); peak memory where each run logged it.
 
 With --smoke every part runs on the CPU at tiny sizes and without compiling, nanoGPT's parts only
 where --nanogpt exists: the suite runs it (tests/test_gpu_bench.py), so the script keeps working
@@ -67,7 +67,7 @@ class GpuConfig:
     work: str = option("out/bench_gpu", "where the data, the runs and nanoGPT's copy go (emptied first)")
     budget: int = option(540, "seconds for every part together", low=1)
     steps: int = option(300, "steps of each timed run (bf16, compiled, nanoGPT's)", low=10)
-    auto_time: str = option("1m", "the automatic run's --max_time")
+    auto_time: str = option("1m", "the automatic run's --max_time (on a GPU it compiles from about 152 s)")
     fast_cap: int = option(100, "seconds the fast preset may train, towards nanoGPT's 1.4697", low=1)
     parts: list[str] = option([], "run only these parts, by name (empty: every one); machine always runs")
 
@@ -280,19 +280,18 @@ def fast_preset(bench):
     return f"{said(figures)}; {to}{vs}" + ("" if code == 0 else " (stopped at its cap)"), figures
 
 
-def automatic(bench, compiled):
-    """No preset: sized for the data and --auto_time; best.pt scored on the whole val split."""
-    name = "auto_compiled" if compiled else "auto"
+def automatic(bench):
+    """No preset, as a user runs it: sized for the data and --auto_time, compiled where budget.COMPILING says
+    it pays; best.pt scored on the whole val split."""
     args = [f"--data_dir={bench.work / 'data'}", f"--max_time={'12s' if bench.cfg.smoke else bench.cfg.auto_time}"]
     args += ["--device=cpu"] if bench.cfg.smoke else []
-    args += [f"--compile={str(compiled).lower()}"]  # both said: the rule alone compiles on a GPU from ~1 minute
-    _, lines, records = bench.train(name, args, parse_duration(args[1].split("=")[1]) + 120)
-    model, _ = model_from_checkpoint(bench.work / name / "best.pt", bench.device)
+    _, lines, records = bench.train("auto", args, parse_duration(args[1].split("=")[1]) + 120)
+    model, _ = model_from_checkpoint(bench.work / "auto" / "best.pt", bench.device)
     meta, splits = load_data(bench.work / "data")
     mixed = autocast(bench.device, torch.bfloat16 if bench.gpu else torch.float32)
     whole = mean_loss(model, splits["val"], model.config.block_size, 64, bench.device, mixed)
     sized = next((text for _, text in lines if text.startswith("no preset")), "")
-    # Seconds to the first step: sizing, the fit's probe and, compiled, the compile (the two parts' difference).
+    # Seconds to the first step: sizing, the fit's probe and, compiled, the compile.
     setup = next((t for t, text in lines if " params, " in text), None)
     figures = {**step_figures(records), "whole_val": whole, "sized": sized, "setup_s": setup}
     return f"{said(figures)}; whole val split {whole:.4f}; set-up {setup or 0:.0f} s; {sized[:160]}", figures
@@ -446,12 +445,10 @@ def main(argv):
                            "seconds": 0})
     bench.part("fast", 30 if cfg.smoke else 60, fast_preset, bench)
     bench.part("compiling", 20 if cfg.smoke else 80, compiling, bench)
-    bench.part("auto", 25 if cfg.smoke else 70, automatic, bench, False)
+    bench.part("auto", 25 if cfg.smoke else 70, automatic, bench)
     bench.part("fp16", 30, fp16_stop_and_resume, bench)
     bench.part("sampling", 10, sampling, bench)
     bench.part("torchrun", 15, torchrun, bench)
-    if bench.gpu:
-        bench.part("auto_compiled", 80, automatic, bench, True)
     out = Path(cfg.out or os.environ.get("OUT") or bench.work)
     out.mkdir(parents=True, exist_ok=True)
     table = ["| part | status | what it saw | s |", "|---|---|---|---:|"]
