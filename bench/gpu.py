@@ -316,9 +316,7 @@ def steps_side_by_side(bench):
         optimizers = {name: run.optimizer}
         if name == "fast":  # the same model and AdamW, the matrices stepped by torch's Muon
             adamw, ours = run.optimizer.optimizers
-            theirs = torch.optim.Muon(ours.param_groups[0]["params"], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
-                                      nesterov=True, weight_decay=cfg.muon_weight_decay, ns_steps=cfg.muon_ns_steps,
-                                      adjust_lr_fn="match_rms_adamw")
+            theirs = torch.optim.Muon(ours.param_groups[0]["params"], **ours.defaults)  # ours's settings
             optimizers["fast_torch_muon"] = Optimizers(adamw, theirs)
         for key, opt in optimizers.items():
             steps[key] = functools.partial(train.train_step, model, opt, run.scaler, run.autocast, cfg, *draw(),
