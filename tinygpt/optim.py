@@ -60,22 +60,21 @@ class Muon(torch.optim.Muon):
             for p in group["params"]:
                 if p.grad is not None:
                     by_shape[p.shape].append(p)
-            for (A, B), params in by_shape.items():
-                updates = []
+            for (A, B), params in by_shape.items():  # each _foreach_ op: one launch for all, not one each
+                grads = [p.grad for p in params]
                 for p in params:
                     if "momentum_buffer" not in self.state[p]:
                         self.state[p]["momentum_buffer"] = torch.zeros_like(p)
-                    buf = self.state[p]["momentum_buffer"]
-                    buf.lerp_(p.grad, 1 - momentum)
-                    updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
+                bufs = [self.state[p]["momentum_buffer"] for p in params]
+                torch._foreach_lerp_(bufs, grads, 1 - momentum)
+                updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
                 ortho = orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"])
                 if group["adjust_lr_fn"] == "match_rms_adamw":
                     scale = 0.2 * math.sqrt(max(A, B))  # the update's RMS becomes AdamW's typical 0.2
                 else:
                     scale = math.sqrt(max(1, A / B))  # torch's "original"
-                for p, update in zip(params, ortho):
-                    p.mul_(1 - lr * group["weight_decay"])
-                    p.add_(update.to(p.dtype), alpha=-lr * scale)
+                torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+                torch._foreach_add_(params, ortho.to(params[0].dtype).unbind(), alpha=-lr * scale)
 
 
 def muon(matrices, cfg):
