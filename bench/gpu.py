@@ -6,8 +6,9 @@
 Most parts run as whole processes of this repository's own commands, in turn, each with a time cap; a
 part that would not fit in what is left of --budget is skipped with a line, and one that fails is
 recorded and the rest go on. The parts: the machine (torch, CUDA, the GPU); the reference preset in
-bf16, uncompiled; the reference and fast presets' steps side by side in one process (compiled), the fast
-one also with torch.optim.Muon, and the kernels each spends its time in; fp16, stopped by SIGTERM and
+bf16, uncompiled; the reference and fast presets' steps side by side in one process (compiled), with
+nanoGPT's step of the reference's shape and the fast one's with torch.optim.Muon, and the kernels each
+spends its time in; fp16, stopped by SIGTERM and
 resumed; the reference preset compiled, against nanoGPT's GPU reference
 (config/train_shakespeare_char.py, compiled) over the same steps, MFU for both against this GPU's peak;
 the fast preset (Muon, rope) compiled, to nanoGPT's 1.4697 as far as its cap allows, its step against
@@ -25,6 +26,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -231,6 +233,36 @@ def nanogpt_dir(bench):
     return theirs
 
 
+def nanogpt_module(bench):
+    """nanoGPT's model.py, imported from its copy."""
+    spec = importlib.util.spec_from_file_location("nanogpt_model", nanogpt_dir(bench) / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def nanogpt_step(bench, cfg, draw):
+    """One step of nanoGPT's GPU reference as its train.py takes it (bf16 autocast, its AdamW, grad clip 1.0,
+    compiled on a GPU), for a model of cfg's shape drawing batches from draw."""
+    their = nanogpt_module(bench)
+    shape = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "dropout")}
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its size and its parameter groups
+        raw = their.GPT(their.GPTConfig(vocab_size=65, bias=False, **shape)).to(bench.device)
+        optimizer = raw.configure_optimizers(0.1, 1e-3, (0.9, 0.99), bench.device)
+    model = torch.compile(raw) if bench.gpu else raw
+
+    def step():
+        with autocast(bench.device, torch.bfloat16 if bench.gpu else torch.float32):
+            _, loss = model(*draw())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()  # waits for the device
+
+    return step
+
+
 def compiled_against_nanogpt(bench):
     """Our reference preset compiled, then nanoGPT's GPU reference compiled, the same steps; MFU for both
     against this GPU's dense bf16 peak (nanoGPT prints its own against an A100's)."""
@@ -298,9 +330,10 @@ def automatic(bench):
 
 
 def steps_side_by_side(bench):
-    """The reference and fast presets' steps in one process, compiled on a GPU, taking turns, and the
-    fast preset's again with torch.optim.Muon for ours (its step before the batched Muon); the costliest
-    kernels (smoke: CPU ops) of each, in ms a step, in the JSON."""
+    """The reference and fast presets' steps in one process, compiled on a GPU, taking turns, with
+    nanoGPT's step of the reference's shape (where --nanogpt exists) and the fast preset's again with
+    torch.optim.Muon for ours (its step before the batched Muon); the costliest kernels (smoke: CPU ops)
+    of each, in ms a step, in the JSON. Taking turns, a GPU whose speed moves between calls moves them all."""
     import train
     from tinygpt.optim import Optimizers
 
@@ -313,6 +346,8 @@ def steps_side_by_side(bench):
         model = maybe_compile(run.raw_model, procs.device_type) if bench.gpu else run.raw_model
         draw = functools.partial(train.get_batch, run.splits["train"], cfg.batch_size, cfg.block_size,
                                  np.random.default_rng(0), procs.device)
+        if name == "reference" and Path(bench.cfg.nanogpt).exists():
+            steps["nanogpt"] = nanogpt_step(bench, cfg, draw)
         optimizers = {name: run.optimizer}
         if name == "fast":  # the same model and AdamW, the matrices stepped by torch's Muon
             adamw, ours = run.optimizer.optimizers
@@ -338,7 +373,11 @@ def steps_side_by_side(bench):
         costliest = sorted(prof.key_averages(), key=lambda e: -getattr(e, column))[:8]
         figures[f"{key}_costliest"] = {e.key[:80]: getattr(e, column) / 1000 / 10 for e in costliest}
     ratios = ", ".join(f"{key} {figures[key]:.1f} ms ({figures[key] / figures['reference']:.2f}x)" for key in steps)
-    return f"a step, {'compiled, ' * bench.gpu}taking turns: {ratios}", figures
+    text = f"a step, {'compiled, ' * bench.gpu}taking turns, against the reference's: {ratios}"
+    if "nanogpt" in figures:
+        figures["reference_vs_nanogpt"] = figures["reference"] / figures["nanogpt"]
+        text += f"; the reference {figures['reference_vs_nanogpt']:.2f}x nanoGPT's step"
+    return text, figures
 
 
 def timed(fn):
@@ -381,9 +420,7 @@ def sampling(bench):
     ours = GPT(GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape)).to(bench.device).eval()
     models = {"ours": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200)}
     if Path(bench.cfg.nanogpt).exists():
-        spec = importlib.util.spec_from_file_location("nanogpt_model", nanogpt_dir(bench) / "model.py")
-        their_module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(their_module)
+        their_module = nanogpt_module(bench)
         theirs = their_module.GPT(their_module.GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape))
         theirs = theirs.to(bench.device).eval()
         models["nanogpt"] = lambda idx: theirs.generate(idx, new, temperature=0.8, top_k=200)

@@ -32,3 +32,58 @@ def test_the_gpu_script_runs_every_part_it_can_on_a_cpu(tmp_path):
     assert figures["torchrun"]["backend"] == "gloo"
     table = (tmp_path / "out" / "gpu.md").read_text(encoding="utf-8")
     assert table.startswith("| part | status |") and "| compiled | skipped | needs a GPU and --nanogpt" in table
+
+
+FAKE_NANOGPT = '''
+from dataclasses import dataclass
+import torch
+
+@dataclass
+class GPTConfig:
+    block_size: int = 32
+    vocab_size: int = 65
+    n_layer: int = 1
+    n_head: int = 1
+    n_embd: int = 16
+    dropout: float = 0.0
+    bias: bool = False
+
+class GPT(torch.nn.Module):  # the names and calls bench/gpu.py uses of nanoGPT's model.py, a bigram model
+    def __init__(self, config):
+        super().__init__()
+        self.table = torch.nn.Embedding(config.vocab_size, config.vocab_size)
+
+    def forward(self, idx, targets=None):
+        logits = self.table(idx)
+        return logits, torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        print("its parameter groups")
+        return torch.optim.AdamW(self.parameters(), learning_rate, betas, weight_decay=weight_decay)
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        for _ in range(max_new_tokens):
+            probs = torch.softmax(self.table(idx[:, -1]).float() / temperature, dim=-1)
+            idx = torch.cat([idx, torch.multinomial(probs, 1)], dim=1)
+        return idx
+'''
+
+
+def test_the_gpu_script_takes_turns_with_nanogpts_step_and_samples_with_its_model(tmp_path):
+    nanogpt = tmp_path / "nanoGPT"
+    (nanogpt / "data" / "shakespeare_char").mkdir(parents=True)
+    (nanogpt / "data" / "shakespeare_char" / "prepare.py").write_text("", encoding="utf-8")
+    (nanogpt / "model.py").write_text(FAKE_NANOGPT, encoding="utf-8")
+    text = tmp_path / "input.txt"
+    text.write_text("to be or not to be\n" * 50, encoding="utf-8")
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu.py"), "--smoke", f"--work={tmp_path / 'work'}",
+           f"--out={tmp_path / 'out'}", f"--nanogpt={nanogpt}", f"--input={text}", "--parts=prepare",
+           "--parts=steps", "--parts=sampling"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "gpu.json").read_text(encoding="utf-8"))
+    assert [row["status"] for row in report["rows"]] == ["ok"] * 4, report["rows"]
+    steps, sampling = report["figures"]["steps"], report["figures"]["sampling"]
+    assert steps["nanogpt"] > 0 and steps["nanogpt_costliest"]
+    assert steps["reference_vs_nanogpt"] == steps["reference"] / steps["nanogpt"]
+    assert sampling["nanogpt"] > 0 and sampling["ratio"] == sampling["ours"] / sampling["nanogpt"]
