@@ -25,7 +25,6 @@ between the rare runs on a GPU. The table goes to docs/results.md with each GPU 
 import contextlib
 import dataclasses
 import functools
-import importlib.util
 import io
 import json
 import os
@@ -47,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
 from machine import machine  # noqa: E402
+from nanogpt import load_nanogpt_model  # noqa: E402
 
 from config import load_config, option  # noqa: E402
 from tinygpt import system  # noqa: E402
@@ -233,18 +233,10 @@ def nanogpt_dir(bench):
     return theirs
 
 
-def nanogpt_module(bench):
-    """nanoGPT's model.py, imported from its copy."""
-    spec = importlib.util.spec_from_file_location("nanogpt_model", nanogpt_dir(bench) / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def nanogpt_step(bench, cfg, draw):
     """One step of nanoGPT's GPU reference as its train.py takes it (bf16 autocast, its AdamW, grad clip 1.0,
     compiled on a GPU), for a model of cfg's shape drawing batches from draw."""
-    their = nanogpt_module(bench)
+    their = load_nanogpt_model(nanogpt_dir(bench))
     shape = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "dropout")}
     with contextlib.redirect_stdout(io.StringIO()):  # it prints its size and its parameter groups
         raw = their.GPT(their.GPTConfig(vocab_size=65, bias=False, **shape)).to(bench.device)
@@ -420,7 +412,7 @@ def sampling(bench):
     ours = GPT(GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape)).to(bench.device).eval()
     models = {"ours": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200)}
     if Path(bench.cfg.nanogpt).exists():
-        their_module = nanogpt_module(bench)
+        their_module = load_nanogpt_model(nanogpt_dir(bench))
         theirs = their_module.GPT(their_module.GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape))
         theirs = theirs.to(bench.device).eval()
         models["nanogpt"] = lambda idx: theirs.generate(idx, new, temperature=0.8, top_k=200)
