@@ -8,9 +8,9 @@ part that would not fit in what is left of --budget is skipped with a line, and 
 recorded and the rest go on. The parts: the machine (torch, CUDA, the GPU); the reference preset in
 bf16, uncompiled; the reference and fast presets' steps side by side in one process (compiled), with
 nanoGPT's step of the reference's shape and the fast one's with torch.optim.Muon, and the kernels each
-spends its time in; fp16, stopped by SIGTERM and
-resumed; the reference preset compiled, against nanoGPT's GPU reference
-(config/train_shakespeare_char.py, compiled) over the same steps, MFU for both against this GPU's peak;
+spends its time in; fp16, stopped by SIGTERM and resumed; the reference preset compiled, against
+nanoGPT's GPU reference (config/train_shakespeare_char.py, compiled) over the same steps, MFU for both
+against this GPU's peak;
 the fast preset (Muon, rope) compiled, to nanoGPT's 1.4697 as far as its cap allows, its step against
 the reference's; budget.COMPILING's figures, the same steps eager and compiled; the automatic run (no
 preset) for --auto_time, compiled where the rule says so, scored on the whole val split; sampling
