@@ -10,12 +10,11 @@ bf16, uncompiled; the reference and fast presets' steps side by side in one proc
 nanoGPT's step of the reference's shape and the fast one's with torch.optim.Muon, and the kernels each
 spends its time in; fp16, stopped by SIGTERM and resumed; the reference preset compiled, against
 nanoGPT's GPU reference (config/train_shakespeare_char.py, compiled) over the same steps, MFU for both
-against this GPU's peak;
-the fast preset (Muon, rope) compiled, to nanoGPT's 1.4697 as far as its cap allows, its step against
-the reference's; budget.COMPILING's figures, the same steps eager and compiled; the automatic run (no
-preset) for --auto_time, compiled where the rule says so, scored on the whole val split; sampling
-against nanoGPT's, in one process, the same shape and random weights; torchrun over every GPU present
-(NCCL); peak memory where each run logged it.
+against this GPU's peak; the fast preset (Muon, rope) compiled, to nanoGPT's 1.4697 as far as its cap
+allows, its step against the reference's; budget.COMPILING's figures, the same steps eager and compiled;
+the automatic run (no preset) for --auto_time, compiled where the rule says so, scored on the whole val
+split; sampling against nanoGPT's, in one process, the same shape and random weights; torchrun over
+every GPU present (NCCL); peak memory where each run logged it.
 
 With --smoke every part runs on the CPU at tiny sizes and without compiling, nanoGPT's parts only
 where --nanogpt exists: the suite runs it (tests/test_gpu_bench.py), so the script keeps working
