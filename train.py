@@ -244,9 +244,9 @@ def train(run, stop):
     signum, bad, stop.model = 0, None, run.raw_model  # a signal or a bad loss ends it
     with tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None) as bar:
         while True:
+            if run.time_budget is not None and (evaluation_due(run) or run.it % AGREE_EVERY == 0):
+                replan(run, times, bar)  # a plan cut to this step ends the run here, evaluated
             eval_due = evaluation_due(run)
-            if run.time_budget is not None and (eval_due or run.it % AGREE_EVERY == 0):
-                replan(run, times, bar)
             lr = get_lr(run.it, run.cfg)
             for group in run.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's: muon_lr's

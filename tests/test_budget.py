@@ -382,6 +382,20 @@ def test_steps_that_slow_down_late_in_a_run_shorten_it_to_end_on_time(data_dir, 
     saved = files.load_checkpoint(tmp_path / "slowed" / "ckpt.pt")
     assert saved["iter"] == saved["train_config"]["max_iters"] == saved["train_config"]["lr_decay_iters"] < planned
     assert clock.now <= budget.USABLE * 3 + 0.1  # past the plan's end by less than an evaluation
+    assert [r["iter"] for r in read_log(tmp_path / "slowed") if "val_loss" in r][-1] == saved["iter"]  # scored
+
+
+def test_a_plan_cut_to_the_step_it_is_at_still_evaluates_that_step(data_dir, tmp_path, clock):
+    """Steps that turn slow at once late in a run leave no time for another: the run ends where it is,
+    and its last steps are still evaluated (else best.pt would miss them)."""
+    args = [TINY, f"--data_dir={data_dir}", "--max_time=3s", "--eval_interval=1000"]
+    assert train.main([*args, f"--out_dir={tmp_path / 'steady'}"]) == 0
+    planned = files.load_checkpoint(tmp_path / "steady" / "ckpt.pt")["iter"]
+    clock.steps, clock.slower = 0, {int(0.9 * planned) + 1: 0.1}  # ten times slower for the last tenth
+    assert train.main([*args, f"--out_dir={tmp_path / 'slowed'}"]) == 0
+    saved = files.load_checkpoint(tmp_path / "slowed" / "ckpt.pt")
+    evaluated = [r["iter"] for r in read_log(tmp_path / "slowed") if "val_loss" in r]
+    assert evaluated[-1] == saved["iter"] == saved["train_config"]["max_iters"] < planned
 
 
 @pytest.mark.parametrize("preset", [[], [TINY]], ids=["sized for the data", "a preset"])
