@@ -45,6 +45,8 @@ def test_less_data_gives_a_smaller_or_more_regularized_model():
     for small in runs[:2]:
         assert size(small) < size(runs[-1]) or small["dropout"] > runs[-1]["dropout"]
     assert runs[0]["dropout"] > 0 and runs[-1]["dropout"] == 0  # a small text is seen many times; a large once
+    # Muon's decay where there is no dropout, and only there: one regularizer or the other.
+    assert [run["muon_weight_decay"] for run in runs] == [0.0 if run["dropout"] else 0.1 for run in runs]
 
 
 def test_over_the_same_passes_a_model_with_more_tokens_per_parameter_gets_less_dropout():

@@ -129,7 +129,8 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     most = 0.2 - 0.06 * math.log2(max(per_param, TOKENS_PER_PARAM) / TOKENS_PER_PARAM)
     dropout = given.get("dropout", round(max(0.0, min(0.1 * math.log2(epochs / 8), most)), 2))
     eval_iters = 0 if val_tokens <= EVAL_TOKENS else math.ceil(EVAL_TOKENS / (batch * block))  # 0: whole, exact
-    settings.update(RECIPE, batch_size=batch, dropout=dropout, eval_iters=eval_iters)
+    decay = 0.0 if dropout else 0.1  # Muon's weight decay, only without dropout: on a text read often, both do worse
+    settings.update(RECIPE, batch_size=batch, dropout=dropout, muon_weight_decay=decay, eval_iters=eval_iters)
     return settings, f"about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)"
 
 
