@@ -245,7 +245,7 @@ def train(run, stop):
     with tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None) as bar:
         while True:
             if run.time_budget is not None and (evaluation_due(run) or run.it % AGREE_EVERY == 0):
-                replan(run, times, bar)  # a plan cut to this step ends the run here, evaluated
+                replan(run, times, bar)  # may end the run at this step
             eval_due = evaluation_due(run)
             lr = get_lr(run.it, run.cfg)
             for group in run.optimizer.param_groups:
