@@ -56,12 +56,14 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(data, tmp_path_factory):
     """{pos: out_dir} of two models trained briefly: learned positions (GPT-2's), and rotary ones without biases,
-    with a tanh GELU (GPT-NeoX's)."""
+    with a tanh GELU (GPT-NeoX's). In fp32 on every CPU: the greedy text they make must not hang on whether
+    this CPU trains in bf16."""
     root, out = tmp_path_factory.mktemp("export_runs"), {}
     for pos, extra in (("learned", []), ("rope", ["--bias=false", "--gelu=tanh"])):
         out[pos] = root / pos
         assert train.main([TINY, f"--data_dir={data}", f"--out_dir={out[pos]}", f"--block_size={BLOCK}", f"--pos={pos}",
-                           "--max_iters=120", "--eval_interval=120", "--learning_rate=1e-2", *extra]) == 0
+                           "--max_iters=200", "--eval_interval=200", "--learning_rate=1e-2", "--dtype=float32",
+                           *extra]) == 0
     return out
 
 
