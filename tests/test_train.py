@@ -1,5 +1,7 @@
 """train.py: the loop, its checkpoints, resuming, and many processes."""
 
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -15,7 +17,6 @@ from tinygpt import device, files
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
-
 
 
 def run_train(data_dir, out_dir, *overrides):
@@ -72,6 +73,43 @@ def test_learning_rate_warms_up_then_decays_to_min_lr():
     assert all(a >= b for a, b in zip(lrs[10:110], lrs[11:111]))  # cosine falls
     assert lrs[110] == lrs[119] == pytest.approx(1e-4)
     assert train.get_lr(60, cfg) == pytest.approx(5.5e-4)  # halfway: the midpoint
+
+
+def sgd_step(cfg, batches):
+    """How far one train.train_step moves each weight of a small fp32 model under plain SGD at lr 1:
+    the gradient it stepped on, as a flat vector (after any clipping)."""
+    torch.manual_seed(0)
+    model = train.GPT(train.model_config(cfg, 11))
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    x, y = batches[0]
+    train.train_step(model, optimizer, scaler, contextlib.nullcontext(), cfg, x, y, iter(batches[1:] + [(x, y)]))
+    return before - torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def micro_batches(n, batch_size, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 11, (batch_size, 8), generator=g), torch.randint(0, 11, (batch_size, 8), generator=g))
+            for _ in range(n)]
+
+
+def test_a_step_clips_the_gradient_norm_to_grad_clip():
+    cfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=4, dropout=0.0)
+    batches = micro_batches(1, 4)
+    unclipped = sgd_step(dataclasses.replace(cfg, grad_clip=0.0), batches).norm()
+    assert unclipped > 0.2  # so that a clip at 0.1 has something to cut
+    clipped = sgd_step(dataclasses.replace(cfg, grad_clip=0.1), batches)
+    assert clipped.norm() == pytest.approx(0.1, rel=1e-4)
+
+
+def test_accumulated_micro_batches_step_on_the_mean_gradient_of_the_whole_batch():
+    cfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, dropout=0.0, grad_clip=0.0)
+    halves = micro_batches(2, 3)
+    whole = [(torch.cat([halves[0][0], halves[1][0]]), torch.cat([halves[0][1], halves[1][1]]))]
+    accumulated = sgd_step(dataclasses.replace(cfg, batch_size=3, grad_accum=2), halves)
+    at_once = sgd_step(dataclasses.replace(cfg, batch_size=6, grad_accum=1), whole)
+    torch.testing.assert_close(accumulated, at_once, rtol=1e-4, atol=1e-6)
 
 
 def test_weight_decay_applies_to_matrices_only():
