@@ -23,7 +23,6 @@ import itertools
 import json
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,4 +191,4 @@ def split_point(n_tokens, val_fraction, source):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    system.exit(main())

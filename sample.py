@@ -120,4 +120,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    system.exit(main())

@@ -477,4 +477,4 @@ def probe(run):
 
 
 if __name__ == "__main__":
-    device.exit_process(main())
+    system.exit(main())

@@ -49,7 +49,7 @@ WORKER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGTERM)
             return real(*args, **kwargs)
         setattr(where, name, signalled)
-    train.device.exit_process(train.main(sys.argv[1:]))  # as `python train.py` ends
+    train.system.exit(train.main(sys.argv[1:]))  # as `python train.py` ends
 """)
 
 

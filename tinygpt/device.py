@@ -13,7 +13,6 @@ import importlib.util
 import os
 import re
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -301,14 +300,3 @@ def end_processes(finished):
             with contextlib.suppress(RuntimeError):  # one gone after all (peer_lost): no one to wait for
                 dist.barrier()
         dist.destroy_process_group()
-
-
-def exit_process(code):
-    """sys.exit(code), or under torchrun os._exit(code) once the output is out: Python's clean-up can free a
-    tensor gloo's thread still holds, which aborts the process (exit -6 in 2 of 24 two-process tests)."""
-    if "RANK" not in os.environ:
-        sys.exit(code)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed stdout: nothing more to say
-            stream.flush()
-    os._exit(code)

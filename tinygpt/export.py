@@ -22,7 +22,6 @@ import dataclasses
 import importlib
 import json
 import os
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -369,4 +368,4 @@ def neox_state(tensors, config, source):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    system.exit(main())

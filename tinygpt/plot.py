@@ -16,7 +16,6 @@ Needs matplotlib (pip install matplotlib); it writes files and never opens a win
 
 from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -314,4 +313,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    system.exit(main())

@@ -15,7 +15,6 @@ characters of the tokens scored.
 
 from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import math
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -71,4 +70,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    system.exit(main())

@@ -80,6 +80,17 @@ def cli(main):
     return wrapper
 
 
+def exit(code):
+    """Ends the script with exit code `code` once its output is out, without Python's clean-up: everything
+    is written and closed by then, and freeing torch's modules took 0.5-0.9 s more of each run (5% of a
+    300-step CPU run); under torchrun it could free a tensor gloo's thread still held, which aborted the
+    process (exit -6 in 2 of 24 two-process tests)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed stdout: nothing more to say
+            stream.flush()
+    os._exit(code)
+
+
 class Stopped(BaseException):
     """A stop signal in an evaluation, which only reads: it ends there (a BaseException, as KeyboardInterrupt)."""
 
