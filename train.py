@@ -84,6 +84,7 @@ class TrainConfig:
     dtype: str = option("auto", "auto: bf16 where fast, else fp16 on GPUs, fp32", choices=DTYPES)
     compile: bool = option(False, "torch.compile the model")
     seed: int = option(1337, "random seed", low=0, high=2**63 - 1)
+    dry_run: bool = option(False, "say the run and its plan, then stop: nothing trained or written")
 
 
 @system.cli
@@ -92,7 +93,7 @@ def main(argv):
     cfg = load_config(TrainConfig, argv, "train.py", __doc__, sources=sources)
     cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
     procs = device.start_processes(cfg.device)
-    if not Path(cfg.data_dir, "meta.json").exists():
+    if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
         import prepare  # only here: what a fresh clone lacks
 
         prepare.make_default(cfg.data_dir, procs.world)
@@ -100,7 +101,7 @@ def main(argv):
     try:
         with system.Stop() as stop:  # Ctrl-C, SIGTERM, SIGHUP
             run = set_up(cfg, sources, procs, lock)
-            status = train(run, stop)
+            status = budget.preview(run.cfg, procs.say) if cfg.dry_run else train(run, stop)
         return status
     except UserError:
         status = 2  # met by every process together (Processes.fail_together)
@@ -115,13 +116,10 @@ def main(argv):
 
 @dataclasses.dataclass
 class Run:
-    """What the loop reads and changes.
-
-    cfg: as decided (a time budget's re-planning changes the steps); meta: the tokenizer, as in meta.json;
-    splits: the train and val tokens; raw_model: what a checkpoint saves; scaler: fp16's loss scaling, idle
-    in other dtypes; model: what a step runs, raw_model compiled and under DDP where asked; it: steps taken;
-    bad_evals: evaluations in a row without a new best; evaluated: the step evaluated; autocast: a step's
-    mixed precision; eval_autocast: an evaluation's, none on a CPU (fp32: exact)."""
+    """What the loop reads and changes. cfg: as decided (a replan changes the steps); meta: the tokenizer; splits:
+    the train and val tokens; raw_model: what a checkpoint saves; model: what a step runs, raw_model compiled and
+    under DDP where asked; scaler: fp16's loss scaling; it: steps taken; bad_evals: evaluations in a row without
+    a new best; evaluated: the step evaluated; eval_autocast: an evaluation's, none on a CPU (fp32: exact)."""
 
     cfg: TrainConfig
     procs: device.Processes
@@ -136,7 +134,7 @@ class Run:
     best_val: float = math.inf
     bad_evals: int = 0
     evaluated: int | None = None
-    step_ms: list = dataclasses.field(default_factory=list)
+    step_ms: float = 0.0  # the last step's
 
     def __post_init__(self):
         self.autocast = device.autocast(self.procs.device_type, device.DTYPES[self.cfg.dtype])
@@ -149,7 +147,7 @@ def set_up(cfg, sources, procs, lock):
     the model's shape from its weights; with no preset the model is sized for the data and the time."""
     # A mistake that one process meets ends them all: each block, then all agree.
     with procs.fail_together():
-        if procs.master:
+        if procs.master and not cfg.dry_run:
             lock.acquire()  # a run that fails to start changes nothing
         data = dataset.load_data(cfg.data_dir)
     with procs.fail_together():
@@ -162,11 +160,13 @@ def set_up(cfg, sources, procs, lock):
         cfg = dataclasses.replace(cfg, dtype=device.NAMES[dtype])
         preset = any(where != "command line" for where in sources.values())
         timed = ckpt is None and (cfg.max_time or not (preset or "max_iters" in sources))
-        time_budget = budget.Budget(cfg, sources) if timed else None
+        speeds = budget.Speeds(device.machine(procs.device, dtype), data[0]["vocab_size"]) if procs.world == 1 else None
+        time_budget = budget.Budget(cfg, sources, speeds) if timed else None
         if ckpt is None and pretrained is not None:
             cfg = weights.finetune_settings(pretrained, cfg, data[0], sources)
         elif ckpt is None and not preset and not all(k in sources for k in budget.SIZED):
-            cfg = budget.size_for_data(cfg, sources, data, procs, time_budget, lambda c: probe(build(c, data, procs)))
+            measure = lambda c: probe(build(c, data, procs), speeds)  # noqa: E731
+            cfg = budget.size_for_data(cfg, sources, data, procs, time_budget, measure)
     with procs.fail_together():
         run = build(cfg, data, procs, pretrained)
         if ckpt is not None:
@@ -178,13 +178,13 @@ def set_up(cfg, sources, procs, lock):
     run.model = procs.wrap(device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else run.raw_model)
     if time_budget is not None:
         with device.peer_lost():  # the probe's steps, under DDP
-            step_s, eval_s = time_budget.times or probe(run)
+            step_s, eval_s = probe(run, speeds)
         now = procs.broadcast((budget.process_age(),))[0]
         run.cfg, said = time_budget.fit(run.cfg, step_s, eval_s, now, len(run.splits["val"]))
         run.time_budget = time_budget
         procs.say(said)
     with procs.fail_together():  # the first write
-        if procs.master:
+        if procs.master and not cfg.dry_run:
             files.start_log(cfg.out_dir, run.it)
     procs.say(f"{run.raw_model.num_params():,} params, {tokens_per_step(run):,} tokens/step: batch {cfg.batch_size} x "
               f"grad_accum {cfg.grad_accum} x {procs.world} process(es) x {cfg.block_size}; {procs.device} {cfg.dtype}")
@@ -239,18 +239,17 @@ def train(run, stop):
     micro-batches; clip; step; log. Returns the exit code."""
     batches = train_batches(run.splits["train"], run.cfg, run.procs.rank, run.it, run.procs.device)
     x, y = next(batches)
-    # The loop's own step and evaluation times, for the budget to fit the steps again as the run goes.
-    times = budget.LoopTimes(run.it) if run.time_budget else contextlib.nullcontext()
+    # The loop's own step and evaluation times: for the budget to fit the steps again as the run goes.
+    times = budget.LoopTimes(run.it)
     signum, bad, stop.model = 0, None, run.raw_model  # a signal or a bad loss ends it
     with tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None) as bar:
         while True:
             if run.time_budget is not None and (evaluation_due(run) or run.it % AGREE_EVERY == 0):
                 replan(run, times, bar)  # may end the run at this step
-            eval_due = evaluation_due(run)
             lr = get_lr(run.it, run.cfg)
             for group in run.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's: muon_lr's
-            if eval_due:
+            if evaluation_due(run):
                 with times, run.procs.fail_together():  # a full disk ends every process
                     if run.procs.master:
                         evaluate(run, lr, bar.write)
@@ -261,7 +260,7 @@ def train(run, stop):
             if run.cfg.dropout > 0:  # this step's dropout masks
                 torch.manual_seed(step_seed(run.cfg.seed, run.procs.rank, run.it))
             loss, x, y = train_step(run.model, run.optimizer, run.scaler, run.autocast, run.cfg, x, y, batches)
-            run.step_ms.append((time.perf_counter() - t0) * 1000)
+            run.step_ms = (time.perf_counter() - t0) * 1000
             run.it += 1
             bad = bad if bad is not None or math.isfinite(loss) else f"{loss} at iteration {run.it}"
             log_step(run, loss, lr, bar)
@@ -275,7 +274,7 @@ def train(run, stop):
                                     "lower --learning_rate, or bfloat16 instead of float16")
                 if signum:
                     break
-    return finish(run, signum)
+    return finish(run, signum, times)
 
 
 def evaluation_due(run):
@@ -350,34 +349,33 @@ def log_step(run, loss, lr, bar):
     """The bar moves each step; a log record every log_interval."""
     if not run.procs.master or not math.isfinite(loss):
         return
-    tok_s = tokens_per_step(run) / (run.step_ms[-1] / 1000)
+    tok_s = tokens_per_step(run) / (run.step_ms / 1000)
     bar.update(1)
     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
     if run.it % run.cfg.log_interval == 0:
-        record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": run.step_ms[-1], "tokens_per_s": tok_s}
-        peak = device.peak_flops(run.procs.device_type)
-        if peak:
-            c = run.cfg
-            flops = device.train_flops_per_token(run.raw_model.num_params(), c.n_layer, c.n_embd, c.block_size)
-            record["mfu"] = flops * tok_s / (run.procs.world * peak)
+        record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": run.step_ms, "tokens_per_s": tok_s}
+        if mfu := device.mfu(run.procs.device_type, run.raw_model.num_params(), run.cfg, tok_s / run.procs.world):
+            record["mfu"] = mfu
         files.append_record(run.cfg.out_dir, record)
 
 
-def finish(run, signum=0):
+def finish(run, signum, times):
     """The run's last words and its exit code: stopped by a signal (ckpt.pt saved, to continue from),
-    stopped early (no better val loss for --patience evaluations), or done."""
+    stopped early (no better val loss for --patience evaluations), or done; a timed run's repeat.txt."""
+    with run.procs.fail_together():
+        if run.procs.master and signum and run.evaluated != run.it:  # else this step's evaluation has saved it
+            save_checkpoint(run_state(run, None), saved(run.cfg))
+        if run.procs.master and run.time_budget:
+            run.procs.say(f"to train it again without timing anything: {budget.save_repeat_command(run.cfg)}")
     if signum:
-        with run.procs.fail_together():
-            if run.procs.master and run.evaluated != run.it:  # else this step's evaluation has saved it
-                save_checkpoint(run_state(run, None), saved(run.cfg))
         run.procs.say(f"stopped by {system.signal_name(signum)} at iteration {run.it}; saved {saved(run.cfg)} "
                       "(continue with --init_from=resume)")
         return 128 + signum
     if run.it < run.cfg.max_iters:
         run.procs.say(f"stopped early at iteration {run.it}: val loss has not improved for {run.bad_evals} "
                       f"evaluations (--patience={run.cfg.patience}); the best model is in {saved(run.cfg, 'best.pt')}")
-    median = sorted(run.step_ms)[len(run.step_ms) // 2] if run.step_ms else 0.0
-    run.procs.say(f"done: {run.it} iterations, best val {run.best_val:.4f}, {median:.1f} ms/iter; in {run.cfg.out_dir}")
+    ms = (times.means(run.it) or (0.0,))[0] * 1000  # the loop's mean step, evaluations aside, as the budget counts
+    run.procs.say(f"done: {run.it} iterations, best val {run.best_val:.4f}, {ms:.1f} ms a step; in {run.cfg.out_dir}")
     return 0
 
 
@@ -461,17 +459,19 @@ def run_state(run, val_loss):
             "device_type": run.procs.device_type}
 
 
-def probe(run):
-    """(seconds per step, per evaluation with its checkpoints) of run, timed on a few of its real steps and
-    then put back as it was (budget.time_steps); rank 0's on every process."""
+def probe(run, speeds=None):
+    """(seconds per step, per evaluation with its checkpoints) of run: as this machine timed the same run
+    before (speeds, a budget.Speeds), else timed on a few of its real steps and then put back as it was
+    (budget.time_steps); rank 0's on every process."""
     cfg = run.cfg
     draw = functools.partial(get_batch, run.splits["train"], cfg.batch_size, cfg.block_size,
                              np.random.default_rng(cfg.seed), run.procs.device)
     batch = draw()
     step = functools.partial(train_step, run.model, run.optimizer, run.scaler, run.autocast, cfg, *batch,
                              iter(draw, None))
-    step_s, forward_s, save_s = budget.time_steps(step, run.raw_model, batch, run.eval_autocast, run.optimizer,
-                                                  run.scaler, calls=5 if run.procs.world > 1 else None)
+    time_it = functools.partial(budget.time_steps, step, run.raw_model, batch, run.eval_autocast, run.optimizer,
+                                run.scaler, calls=5 if run.procs.world > 1 else None)
+    step_s, forward_s, save_s = speeds.measure(cfg, time_it) if speeds else time_it()
     eval_batches = 2 * (cfg.eval_iters or len(run.splits["val"]) / (cfg.batch_size * cfg.block_size))  # val, train
     return run.procs.broadcast((step_s, eval_batches * forward_s + save_s))
 

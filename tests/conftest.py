@@ -15,6 +15,13 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """Each test starts with a cache of its own (system.cache_dir): nothing that another test, or this
+    machine's own runs, timed and remembered (budget.Speeds)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """A small character data set: a repetitive text that a tiny model learns fast."""

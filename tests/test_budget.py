@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 import sample
 import train
 from config import UserError
-from tinygpt import budget, files
+from tinygpt import budget, files, system
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -153,12 +154,13 @@ def test_size_run_settles_where_the_rate_measured_for_a_choice_gives_that_choice
     keys = ("n_layer", "n_embd", "block_size", "batch_size", "dropout")
     for train_tokens in (20_000, 1_000_000, 30_000_000):
         measured.clear()
-        cfg, _, _ = budget.size_run(train.TrainConfig(), {}, (train_tokens, train_tokens // 9, 65), seconds, 1, measure)
+        cfg, _ = budget.size_run(train.TrainConfig(), {}, (train_tokens, train_tokens // 9, 65), seconds, 1, measure)
         flops = budget.model_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, 65)
         rate = cfg.batch_size * cfg.block_size * flops / measure(cfg)[0]
         again, _ = budget.choose_run(train_tokens, train_tokens // 9, 65, rate, 300)
         assert [again[k] for k in keys] == [getattr(cfg, k) for k in keys], train_tokens
-        assert measured[0].dropout == 0.0  # measured as the first guess would train, not with the default's 0.2
+        first, _ = budget.choose_run(train_tokens, train_tokens // 9, 65, budget.FIRST_GUESS_FLOPS, 300)
+        assert measured[0].dropout == first["dropout"]  # measured as the first guess would train, not the default's
 
 
 def test_a_model_from_128_wide_reads_256_positions_and_its_smallest_batch_holds_as_many_tokens():
@@ -188,15 +190,14 @@ def test_time_left_after_the_passes_a_text_can_give_goes_to_more_smaller_steps()
     assert steps == sorted(steps) and steps[0] < steps[-1]
 
 
-def test_a_batch_given_on_the_command_line_counts_in_the_cap_on_steps():
-    given = {"batch_size": "command line"}
-    sized, _, times = budget.size_run(train.TrainConfig(batch_size=4), given, (20_000, 2_000, 65), 36_000, 1,
-                                      lambda cfg: (0.01, 0.1))
-    plan = budget.Budget(train.TrainConfig(max_time="10h"), given)
-    plan.use_sizing(sized, 20_000, 1, times)
+def test_a_batch_given_on_the_command_line_counts_in_the_cap_on_steps(monkeypatch):
+    monkeypatch.setattr(budget, "process_age", lambda: 0.0)
+    cfg, given = train.TrainConfig(batch_size=4, max_time="10h"), {"batch_size": "command line"}
+    data = ({"vocab_size": 65}, {"train": range(20_000), "val": range(2_000)})
+    plan = budget.Budget(cfg, given)
+    sized = budget.size_for_data(cfg, given, data, train.device.Processes(0, 1, "cpu"), plan, lambda c: (0.01, 0.1))
     assert sized.batch_size == 4
     assert plan.max_steps == budget.most_steps(20_000, 4 * sized.block_size)  # MAX_EPOCHS passes of batch 4
-    assert plan.times == (0.01, 0.1)  # the run chosen was measured: not timed again
 
 
 def test_the_context_fits_a_tiny_val_split():
@@ -285,8 +286,11 @@ class FakeClock:
             self.now = 0.0  # a new run: its process has just started
             return real_set_up(*args, **kwargs)
 
-        def probe(run):
-            self.probes.append(run.cfg)
+        def probe(run, speeds=None):
+            if speeds is None or speeds.get(run.cfg) is None:  # timed, not remembered
+                self.probes.append(run.cfg)
+                if speeds is not None:
+                    speeds.put(run.cfg, (0.01, 0.0, 0.0))
             return 0.01, 0.1
 
         def train_step(*args, **kwargs):
@@ -438,6 +442,96 @@ def test_max_iters_with_max_time_is_the_most_steps_the_budget_may_fit(data_dir, 
     assert clock.now <= budget.USABLE * 3 + 1e-9
 
 
+# --- The same command, the same run ---------------------------------------------------------------
+
+
+def test_a_dry_run_says_the_choice_and_the_plan_and_writes_nothing(data_dir, tmp_path, clock, capsys):
+    out_dir = tmp_path / "out"
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--max_time=4s", "--dry_run"]) == 0
+    said = capsys.readouterr().out
+    assert "no preset: sized for the data" in said and "time budget 4s: " in said
+    assert "to train it: python train.py " in said and said.rstrip().endswith("nothing trained, nothing written")
+    assert not out_dir.exists()
+
+
+def test_the_same_command_chooses_the_same_run_from_what_this_machine_timed_before(data_dir, tmp_path, monkeypatch,
+                                                                                   capsys):
+    monkeypatch.setattr(budget, "process_age", lambda: 0.0)
+    timings = []
+
+    def noisy(*args, **kwargs):  # each timing of a step a different figure, as on a busy machine
+        timings.append(1)
+        return 0.002 * (1 + len(timings) % 4), 0.001, 0.001
+
+    monkeypatch.setattr(budget, "time_steps", noisy)
+    chosen = []
+    for _ in range(5):
+        assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=60s", "--dry_run"]) == 0
+        chosen.append([line for line in capsys.readouterr().out.splitlines() if not line.startswith("timing ")])
+        if len(chosen) == 1:
+            first = len(timings)
+    assert first >= 1 and len(timings) == first  # timed once, then remembered
+    assert all(said == chosen[0] for said in chosen)  # the choice and the plan, word for word
+
+
+def test_the_repeat_command_trains_the_same_run_again_without_timing_anything(data_dir, tmp_path, clock, capsys):
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'timed'}", "--max_time=4s"]) == 0
+    command = (tmp_path / "timed" / "repeat.txt").read_text(encoding="utf-8").strip()
+    assert command in capsys.readouterr().out
+    argv = shlex.split(command)
+    assert argv[:2] == ["python", "train.py"] and not any(a.startswith("--max_time") for a in argv)
+    clock.probes.clear()
+    assert train.main(argv[2:]) == 0
+    assert clock.probes == []  # nothing timed
+    timed, again = ({k: v for k, v in files.load_checkpoint(tmp_path / run / "ckpt.pt")["train_config"].items()
+                     if k not in ("out_dir", "max_time")} for run in ("timed", "timed_repeat"))
+    assert again == timed
+    losses = [[r["val_loss"] for r in read_log(tmp_path / run) if "val_loss" in r] for run in ("timed", "timed_repeat")]
+    assert losses[0] == losses[1]
+
+
+def test_the_loops_own_step_corrects_a_remembered_speed_only_past_the_noise():
+    speeds = budget.Speeds("this machine", 65)
+    one, two = train.TrainConfig(n_layer=1), train.TrainConfig(n_layer=2)
+    speeds.put(one, (0.1, 0.03, 0.01))
+    speeds.put(two, (0.2, 0.06, 0.01))
+    speeds.correct(one, 0.1 * (1 + budget.NOISE / 2))
+    assert budget.Speeds("this machine", 65).get(one) == (0.1, 0.03, 0.01)  # within the noise: as it was
+    speeds.correct(one, 0.15)
+    again = budget.Speeds("this machine", 65)
+    assert again.get(one) == pytest.approx((0.15, 0.045, 0.015)) and again.get(two)[0] == pytest.approx(0.3)
+    assert budget.Speeds("another machine", 65).get(one) is None and budget.Speeds("this machine", 66).get(one) is None
+
+
+def test_a_damaged_or_unwritable_cache_costs_only_what_it_remembered(tmp_path, monkeypatch):
+    cfg = train.TrainConfig()
+    path = Path(system.cache_dir()) / "speeds.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"machines": {"m": {"a": [1, 2]}', encoding="utf-8")
+    speeds = budget.Speeds("m", 65)
+    assert speeds.get(cfg) is None
+    speeds.put(cfg, (0.1, 0.01, 0.02))
+    assert budget.Speeds("m", 65).get(cfg) == (0.1, 0.01, 0.02)  # the damaged file replaced
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a file"))  # no directory can be made there
+    speeds = budget.Speeds("m", 65)
+    speeds.put(cfg, (0.1, 0.01, 0.02))
+    assert speeds.get(cfg) == (0.1, 0.01, 0.02) and budget.Speeds("m", 65).get(cfg) is None
+
+
+@pytest.mark.parametrize("step_s", [0.002, 0.05])
+def test_a_plan_that_grows_or_shrinks_spreads_its_evaluations_and_warmup_again(data_dir, tmp_path, clock, capsys,
+                                                                             step_s):
+    clock.step_s = step_s  # the probe said 10 ms
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=4s", "--patience=0"]) == 0
+    saved = files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
+    evals = [r["iter"] for r in read_log(tmp_path) if "val_loss" in r]
+    spread = budget.spread_evaluations(budget.USABLE * 4, 0.1)
+    assert budget.MIN_EVALS <= len(evals) - 1 <= spread + 1 and evals[-1] == saved["max_iters"]
+    assert saved["warmup_iters"] <= max(1, saved["max_iters"] // 10)
+    assert capsys.readouterr().out.count("under half the") == (step_s > 0.01)  # a slowed run says so, once
+
+
 # --- Early stopping and the best model -----------------------------------------------------------
 
 
@@ -530,7 +624,7 @@ def test_under_torchrun_only_rank_0_says_a_replan(master):
     procs, bar = Procs(), Bar()
     procs.master = master
     cfg = train.TrainConfig(max_iters=1000, eval_interval=100, max_time="1m")
-    times = type("Times", (), {"means": lambda self, it: (0.02, 0.1, 10.0)})()  # steps twice as fast as planned
+    times = type("Times", (), {"means": lambda self, it: (0.02, 0.1, 10.0, 1)})()  # steps twice as fast as planned
     run = type("Run", (), {"cfg": cfg, "it": 100, "procs": procs, "time_budget": budget.Budget(cfg, {})})()
     train.replan(run, times, bar)
     assert run.cfg.max_iters != 1000 and bar.total == run.cfg.max_iters  # replanned on every process

@@ -158,7 +158,7 @@ def test_sizing_probes_and_keeps_what_was_given_and_says_what_it_chose():
         return 0.01, 0.1
 
     cfg, given = train.TrainConfig(n_layer=1, n_embd=100), {"n_layer": "command line", "n_embd": "command line"}
-    sized, said, _ = budget.size_run(cfg, given, (100_000, 10_000, 65), 300, 1, measure)
+    sized, said = budget.size_run(cfg, given, (100_000, 10_000, 65), 300, 1, measure)
     assert all((c.n_layer, c.n_embd, c.n_embd % c.n_head) == (1, 100, 0) for c in [*probed, sized])
     assert "1 layers x 100 wide" in said and "muon, rope positions" in said and "as given" in said
 
@@ -171,11 +171,27 @@ def test_a_budget_too_short_to_size_for_its_data_is_refused_after_one_probe():
     def slow(cfg):  # timing steps as slow as a 100k-token vocabulary makes them
         probed.append(cfg)
         time.sleep(0.3)
-        return 0.2, 2.0
+        return 0.5, 2.0
 
     with pytest.raises(train.UserError, match="too short to size a run for this data"):
         budget.size_run(train.TrainConfig(max_time="15s"), {}, (100_000, 10_000, 100_000), 0.6, 1, slow)
     assert len(probed) == 1
+
+
+def test_a_slow_first_timing_ends_the_sizing_with_its_choice_rather_than_a_refusal():
+    """A busy machine: timing the first model took more than the sizing's share of the budget. It times
+    nothing more and goes with what that rate chooses; the plan then fits the steps to what is left."""
+    from tinygpt import budget
+
+    probed = []
+
+    def slow_to_time(cfg):  # steps that a quiet moment would show fast, timed slowly
+        probed.append(cfg)
+        time.sleep(0.5)  # more than the sizing's share of 3 s
+        return 0.0001, 0.1
+
+    sized, _ = budget.size_run(train.TrainConfig(max_time="3s"), {}, (1_000_000, 100_000, 65), 3, 1, slow_to_time)
+    assert len(probed) == 1 and (sized.n_layer, sized.n_embd) != (probed[0].n_layer, probed[0].n_embd)
 
 
 def test_a_block_longer_than_the_text_is_refused_before_any_probe(data_dir, tmp_path, capsys, monkeypatch):

@@ -10,18 +10,25 @@ steps, and `Budget.replan` fits them again from the loop's own times, so the sch
 count is checkpointed, so a resumed run continues exactly. The measurements: docs/own_text.md.
 """
 
+import contextlib
 import copy
 import dataclasses
 import io
+import json
 import math
 import re
+import shlex
 import time
+from pathlib import Path
 
+import filelock
 import torch
 
 from config import UserError
+from model import GPTConfig
 from tinygpt.device import compiler_missing, train_flops_per_token
-from tinygpt.system import process_age  # the budget's clock
+from tinygpt.files import write_atomic, write_error
+from tinygpt.system import cache_dir, process_age  # process_age: the budget's clock
 
 DEFAULT_BUDGET = "5m"  # with no preset and no --max_iters: a few minutes of a laptop's time
 MAX_BUDGET = 1000 * 3600  # the longest budget planned for, in seconds (longer ones overflow the sizing's sums)
@@ -44,6 +51,11 @@ SIZED = ("n_layer", "n_embd", "block_size", "batch_size")  # a run with no prese
 # A timed run with no preset compiles where the faster steps repay the compiling: per device type, (a step's
 # speed-up, seconds to compile), measured on an H100 (docs/results.md); a CPU's: docs/own_text.md.
 COMPILING = {"cuda": (1.37, 41.0)}
+FIRST_GUESS_FLOPS = 100e9  # the rate the first run a sizing times is chosen for: two CPU cores' (the 4 x 128 model)
+SIZING_SHARE = 0.1  # of a budget, the most the sizing spends timing more runs than the first
+NOISE = 0.1  # a step that this machine timed before and now takes a tenth longer or shorter: its speed changed
+# What decides a step's time, with the model's shape and the machine: a Speeds key.
+TIMED = ("batch_size", "grad_accum", "optimizer", "muon_ns_steps", "grad_clip", "compile")
 
 
 def parse_duration(text):
@@ -84,14 +96,6 @@ def block_params(n_layer, n_embd):
 def model_flops_per_token(n_layer, n_embd, block_size, vocab_size):
     """Training FLOPs per token of a model not built yet: its blocks and the embedding it shares with the head."""
     return train_flops_per_token(block_params(n_layer, n_embd) + vocab_size * n_embd, n_layer, n_embd, block_size)
-
-
-def first_guess(val_tokens):
-    """The model whose rate a sizing measures first: the middle of SHAPES, as the recipe trains it, at twice
-    the smallest batch."""
-    guess = {**shape_settings(*SHAPES[2]), **RECIPE, "dropout": 0.0}
-    block = min(guess["block_size"], val_tokens // 2)  # a short text's: as it would train
-    return guess | {"block_size": block, "batch_size": max(1, 2 * MIN_BATCH_TOKENS // block)}
 
 
 def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given=None):
@@ -136,34 +140,36 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
 
 def size_run(cfg, sources, sizes, seconds_left, world, measure):
     """(cfg with the model and training choose_run picks, except what the command line set; a line saying
-    so; {dataclasses.astuple(cfg): (step, evaluation) seconds} of the runs measured). sizes: the text's
-    (train tokens, val tokens, vocabulary). measure(cfg) times a few real steps of cfg on this device, each
-    process among world: the rate choose_run goes by is measured on the run it chose before (first_guess at
-    first), until the choice stands, as the rate grows with the model and the batch (a step's fixed cost
-    is shared by more sequences) and falls with dropout."""
+    so). sizes: the text's (train tokens, val tokens, vocabulary). measure(cfg) gives the seconds of a step
+    of cfg on this device, each process among world (timed, or as this machine timed it before): the rate
+    choose_run goes by is measured on the run it chose before (first_guess at first), until the choice
+    stands, as the rate grows with the model and the batch (a step's fixed cost is shared by more
+    sequences) and falls with dropout; the first, at two CPU cores' rate. The timing stops at SIZING_SHARE
+    of the time, with the last choice."""
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
 
     def free(settings):  # what the command line did not set
         return {k: v for k, v in settings.items() if k not in sources and (rope or k != "pos")}
 
     given = {k: getattr(cfg, k) for k in (*SIZED, "n_head", "dropout") if k in sources}
-    settings, tried, times, started = first_guess(sizes[1]), [], {}, time.perf_counter()
+    seconds = USABLE * (1 - EVAL_SHARE) * seconds_left  # what the steps will have: the plan's, less evaluations
+    settings, tried, started = choose_run(*sizes, FIRST_GUESS_FLOPS, seconds, given)[0], [], time.perf_counter()
     for _ in range(5):
         trial, t0 = dataclasses.replace(cfg, **free(settings)), time.perf_counter()
-        step_s, _ = times[dataclasses.astuple(trial)] = measure(trial)
-        if seconds_left - (time.perf_counter() - started) < time.perf_counter() - t0 + step_s:  # no room for more
+        step_s = measure(trial)[0]
+        spent = time.perf_counter() - started
+        if seconds_left - spent < step_s:  # not a step left to train
             raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} is too short to size a run for this data: "
                             f"timing {trial.n_layer} layers x {trial.n_embd} (a vocabulary of {sizes[2]:,}) took "
                             f"{time.perf_counter() - t0:.1f} s; give more time, or the whole shape (--n_layer, "
                             "--n_embd, --block_size, --batch_size)")
         flops = model_flops_per_token(trial.n_layer, trial.n_embd, trial.block_size, sizes[2])
         rate = world * trial.batch_size * trial.grad_accum * trial.block_size * flops / step_s
-        # Sized for the seconds its steps will have: what the plan keeps, less the evaluations' share.
-        settings, reason = choose_run(*sizes, rate, USABLE * (1 - EVAL_SHARE) * seconds_left, given)
+        settings, reason = choose_run(*sizes, rate, seconds, given)
         chosen = [settings[k] for k in ("n_layer", "n_embd", "block_size", "batch_size", "dropout")]
         if chosen == [trial.n_layer, trial.n_embd, trial.block_size, trial.batch_size, trial.dropout] \
-                or chosen in tried:  # it stands, or it came back
-            break
+                or chosen in tried or spent + time.perf_counter() - t0 > SIZING_SHARE * seconds_left:
+            break  # it stands, it came back, or another timing would take more than its share
         tried.append(chosen)
     cfg = dataclasses.replace(cfg, **free(settings))
     kept = sorted(k for k in settings if k in sources)  # the rule's estimate is then of another run: not said
@@ -171,12 +177,12 @@ def size_run(cfg, sources, sizes, seconds_left, world, measure):
             f"wide, block {cfg.block_size}, batch {cfg.batch_size}, dropout {cfg.dropout:g}, {cfg.optimizer}, "
             f"{cfg.pos} positions{', compiled' * cfg.compile}"
             + (f" ({', '.join(kept)} as given)" if kept else f": {reason}"))
-    return cfg, said, times
+    return cfg, said
 
 
 def size_for_data(cfg, sources, data, procs, time_budget, measure):
     """cfg sized for data (meta.json, the splits) and what is left of the time (time_budget's, or
-    DEFAULT_BUDGET's) by size_run, said on rank 0; the time budget learns what size_run found."""
+    DEFAULT_BUDGET's) by size_run, said on rank 0; the time budget learns the most steps worth taking."""
     meta, splits = data
     seconds = time_budget.seconds if time_budget else parse_duration(DEFAULT_BUDGET)
     sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
@@ -187,10 +193,11 @@ def size_for_data(cfg, sources, data, procs, time_budget, measure):
         cfg = dataclasses.replace(cfg, compile=pays)
     speedup, compiling = (speedup, compiling) if cfg.compile else (1.0, 0.0)
     # Sized at the eager rate measured, for the seconds left after compiling, as many as the speed-up makes them.
-    cfg, said, times = size_run(cfg, sources, sizes, (left - compiling) * speedup, procs.world, measure)
+    cfg, said = size_run(cfg, sources, sizes, (left - compiling) * speedup, procs.world, measure)
     procs.say(said)
     if time_budget is not None:
-        time_budget.use_sizing(cfg, sizes[0], procs.world, times)
+        most = most_steps(sizes[0], procs.world * cfg.batch_size * cfg.grad_accum * cfg.block_size)
+        time_budget.max_steps = min(most, time_budget.max_steps or most)
     return cfg
 
 
@@ -206,19 +213,14 @@ class Budget:
     """A run's time budget (--max_time, or DEFAULT_BUDGET), from its start to its end: the steps fitted
     once from a probe of a few real steps (fit), then again from the loop's own times (replan). max_steps:
     the most steps worth taking, --max_iters when the command line gives it with --max_time, and the most
-    the data can use when the run was sized for it. times: (step, evaluation) seconds when the sizing
-    timed this very run."""
+    the data can use when the run was sized for it. speeds: this machine's Speeds, which the loop's own
+    step times correct."""
 
-    def __init__(self, cfg, sources):
-        self.seconds, self.sources, self.times = parse_duration(cfg.max_time or DEFAULT_BUDGET), sources, None
+    def __init__(self, cfg, sources, speeds=None):
+        self.seconds, self.sources, self.speeds = parse_duration(cfg.max_time or DEFAULT_BUDGET), sources, speeds
         self.max_steps = cfg.max_iters if sources.get("max_iters") == "command line" else None
-
-    def use_sizing(self, cfg, train_tokens, world, times):
-        """The run was sized for its data: at most the steps worth taking on it, and its step and evaluation
-        times where the sizing measured this very run (one process, not compiled): {astuple(cfg): times}."""
-        most = most_steps(train_tokens, world * cfg.batch_size * cfg.grad_accum * cfg.block_size)
-        self.max_steps = min(most, self.max_steps or most)
-        self.times = times.get(dataclasses.astuple(cfg)) if world == 1 and not cfg.compile else None
+        self.spread = "eval_interval" not in sources  # the budget spreads the evaluations over the run
+        self.planned = self.evals = None  # fit's steps, and its evaluations (the first one included)
 
     def fit(self, cfg, step_s, eval_s, elapsed, val_tokens=0):
         """(cfg with the steps that fit in what is left of the budget, a line saying so): the schedule
@@ -226,40 +228,53 @@ class Budget:
         (val_tokens long) reads part of it where the fewest would take half the time. elapsed: the budget's
         clock now (under torchrun, rank 0's, so that every process plans the same steps)."""
         left, given = USABLE * self.seconds - elapsed, self.sources
-        spread = "eval_interval" not in given
-        if spread and "eval_iters" not in given and (cfg.eval_iters or (MIN_EVALS + 1) * eval_s > left / 2):
+        if self.spread and "eval_iters" not in given and (cfg.eval_iters or (MIN_EVALS + 1) * eval_s > left / 2):
             cfg, eval_s = fewer_batches_per_evaluation(cfg, left, eval_s, val_tokens)
-        steps = plan_steps(left, step_s, eval_s, None if spread else cfg.eval_interval, self.max_steps)
+        steps = plan_steps(left, step_s, eval_s, None if self.spread else cfg.eval_interval, self.max_steps)
         if steps < 1 and self.max_steps != 0:  # (--max_iters=0: an evaluation, and no step)
-            evals = spread_evaluations(left, eval_s) + 1 if spread else 2  # the first, and the last at least
+            evals = spread_evaluations(left, eval_s) + 1 if self.spread else 2  # the first, and the last at least
             raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} leaves {max(left, 0):.0f} s after "
                             f"start-up, less than a step ({step_s:.2f} s) and the {evals} evaluations a run "
                             f"needs ({eval_s:.2f} s each); give more time, or a smaller model")
-        changes = {"lr_decay_iters": steps, "warmup_iters": min(cfg.warmup_iters, max(1, steps // 10))}
-        if spread:
-            changes["eval_interval"] = max(1, math.ceil(steps / spread_evaluations(left, eval_s)))
-        changes = {k: v for k, v in changes.items() if given.get(k) != "command line"}
+        self.planned, self.evals = steps, spread_evaluations(left, eval_s) + 1
+        cfg = self.steps_and_evaluations(cfg, steps, math.ceil(steps / (self.evals - 1)))
         capped = " (--max_iters)" if given.get("max_iters") == "command line" and steps == cfg.max_iters else ""
-        cfg = dataclasses.replace(cfg, max_iters=steps, **changes)
         return cfg, (f"time budget {cfg.max_time or DEFAULT_BUDGET}: {cfg.max_iters:,} steps{capped} of "
                      f"{step_s * 1000:.0f} ms and an evaluation every {cfg.eval_interval:,} ({eval_s:.1f} s each) "
                      f"in the {left:.0f} s left")
 
-    def replan(self, cfg, it, step_s, eval_s, now):
+    def replan(self, cfg, it, step_s, eval_s, now, evaluated):
         """(cfg with its steps fitted again at iteration it from the loop's own mean step and evaluation
-        times, a line saying so or None). A short probe can be 20% off on a busy machine. In the run's first
-        3/4 the plan may grow or shrink; after that only shrink, so that steps which slow down late (by up
-        to 40% on a 2-core CPU) do not carry the run past its budget. Evaluations keep their interval."""
+        times, a line saying so or None; evaluated: the evaluations made so far). A short probe can be 20%
+        off on a busy machine. In the run's first 3/4 the plan may grow or shrink; after that only shrink,
+        so that steps which slow down late (by up to 40% on a 2-core CPU) do not carry the run past its
+        budget. The learning rate's schedule, its warmup and spread evaluations follow the steps."""
+        if self.speeds is not None and it >= max(50, cfg.max_iters // 4):  # enough of the loop to go by
+            self.speeds.correct(cfg, step_s)
+            self.speeds = None  # once
         left = USABLE * self.seconds - now
         room = None if self.max_steps is None else max(0, self.max_steps - it)
         steps = it + (plan_steps(left, step_s, eval_s, cfg.eval_interval, room, it) if room != 0 else 0)
         steps = steps if it <= 0.75 * cfg.max_iters else min(steps, cfg.max_iters)
-        said = None
+        said = interval = None
         if abs(steps - cfg.max_iters) >= 0.01 * cfg.max_iters:
             said = (f"time budget: steps take {step_s * 1000:.0f} ms and evaluations {eval_s:.1f} s so far: "
                     f"{steps:,} steps in all (planned: {cfg.max_iters:,})")
-        decay = {} if self.sources.get("lr_decay_iters") == "command line" else {"lr_decay_iters": steps}
-        return dataclasses.replace(cfg, max_iters=steps, **decay), said
+            if self.planned and steps < self.planned / 2 <= cfg.max_iters:  # said once, as it falls past half
+                said += (f"; under half the {self.planned:,} the run was sized for: the machine is slower than "
+                         "when it was timed, so this run trains less than planned")
+            if self.evals:  # the evaluations still to come, spread over the steps still to come
+                interval = math.ceil((steps - it) / max(1, self.evals - evaluated))
+        return self.steps_and_evaluations(cfg, steps, interval), said
+
+    def steps_and_evaluations(self, cfg, steps, eval_interval=None):
+        """cfg with `steps` steps: the learning rate decays over them, warms up over at most a tenth of them,
+        and evaluations come every eval_interval (None: as they did); except where the command line says."""
+        changes = {"lr_decay_iters": steps, "warmup_iters": min(cfg.warmup_iters, max(1, steps // 10))}
+        if eval_interval is not None and self.spread:
+            changes["eval_interval"] = max(1, eval_interval)
+        changes = {k: v for k, v in changes.items() if self.sources.get(k) != "command line"}
+        return dataclasses.replace(cfg, max_iters=steps, **changes)
 
 
 class LoopTimes:
@@ -276,12 +291,99 @@ class LoopTimes:
         self.eval_seconds, self.evals = self.eval_seconds + process_age() - self.eval_started, self.evals + 1
 
     def means(self, it):
-        """(seconds per step, seconds per evaluation, the clock now) at iteration it, or None
-        before the loop has both stepped and evaluated."""
+        """(seconds per step, seconds per evaluation, the clock now, the evaluations made) at iteration it,
+        or None before the loop has both stepped and evaluated."""
         if not self.evals or it <= self.first:
             return None
         now = process_age()
-        return (now - self.start - self.eval_seconds) / (it - self.first), self.eval_seconds / self.evals, now
+        return (now - self.start - self.eval_seconds) / (it - self.first), self.eval_seconds / self.evals, now, \
+            self.evals
+
+
+class Speeds:
+    """The seconds of a step, a forward pass and a checkpoint's save of each run timed on this machine,
+    kept between runs in the user's cache (speeds.json in system.cache_dir()), so that the same command
+    chooses the same run, without timing it again. Keyed by what decides them: the machine (device.machine)
+    and the run (its model, batch and optimizer). A compiled run is timed afresh: its timing compiles it.
+    The loop's own mean step corrects them where it differs by more than NOISE (Budget.replan)."""
+
+    def __init__(self, machine, vocab_size):
+        self.path, self.machine, self.vocab_size = Path(cache_dir()) / "speeds.json", machine, vocab_size
+        self.runs = self.read().get(machine, {})
+
+    def key(self, cfg):
+        shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GPTConfig) if hasattr(cfg, f.name)}
+        return json.dumps([shape, self.vocab_size, *(getattr(cfg, k) for k in TIMED)], sort_keys=True)
+
+    def get(self, cfg):
+        """(step, forward, save) seconds of cfg as this machine timed them, or None."""
+        times = None if cfg.compile else self.runs.get(self.key(cfg))
+        return tuple(times) if times else None
+
+    def put(self, cfg, times):
+        if not cfg.compile:
+            self.runs[self.key(cfg)] = list(times)
+            self.save()
+
+    def measure(self, cfg, time_it):
+        """cfg's (step, forward, save) seconds: as this machine timed them before, else time_it()'s, kept."""
+        if (times := self.get(cfg)) is None:
+            print(f"timing {cfg.n_layer} layers x {cfg.n_embd}, batch {cfg.batch_size} x {cfg.block_size}: a few "
+                  "steps", flush=True)
+            self.put(cfg, times := time_it())
+        return times
+
+    def correct(self, cfg, step_s):
+        """The loop's mean step of cfg, step_s, kept where it differs from the one kept by more than NOISE,
+        and every other run's times scaled alike: the machine's speed, not the run, changed."""
+        times = self.get(cfg)
+        if times and abs(step_s / times[0] - 1) > NOISE:
+            self.runs = {key: [t * step_s / times[0] for t in kept] for key, kept in self.runs.items()}
+            self.save()
+
+    def read(self):
+        """{machine: {run: times}} from the cache; nothing from a file that is missing, unreadable or damaged."""
+        try:
+            machines = json.loads(self.path.read_text(encoding="utf-8"))["machines"]
+            return {m: {k: t for k, t in runs.items() if len(t) == 3 and all(0 <= x < 1e6 for x in t)}
+                    for m, runs in machines.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
+    def save(self):
+        """What this run measured, merged into the cache; a cache that cannot be written keeps nothing."""
+        with contextlib.suppress(OSError, filelock.Timeout):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with filelock.FileLock(f"{self.path}.lock", timeout=10):  # two runs at once: one after the other
+                machines = self.read()
+                machines[self.machine] = machines.get(self.machine, {}) | self.runs
+                write_atomic(self.path, json.dumps({"format": 1, "machines": machines}, indent=1).encode("utf-8"))
+
+
+def repeat_command(cfg):
+    """The command that trains cfg (a train.TrainConfig, as decided) again without timing anything: the
+    shape and steps chosen, and every other setting away from its default, into OUT_DIR_repeat."""
+    default, always = type(cfg)(), {*SIZED, "n_head", "max_iters", "dtype"}
+    skip = {"max_time", "out_dir", "overwrite", "dry_run"} | ({"init_from"} if cfg.init_from == "resume" else set())
+    args = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in dataclasses.asdict(cfg).items()
+            if k not in skip and (k in always or v != getattr(default, k))]
+    return shlex.join(["python", "train.py", *args, f"--out_dir={cfg.out_dir}_repeat"])
+
+
+def preview(cfg, say):
+    """A dry run's last words, through say: how to train the run it planned. Its exit code."""
+    say(f"to train it: {repeat_command(cfg)}\ndry run: nothing trained, nothing written")
+    return 0
+
+
+def save_repeat_command(cfg):
+    """repeat_command(cfg), written to OUT_DIR/repeat.txt, and returned."""
+    path, command = Path(cfg.out_dir) / "repeat.txt", repeat_command(cfg)
+    try:
+        write_atomic(path, (command + "\n").encode("utf-8"))
+    except OSError as e:
+        raise UserError(f"{write_error(path, e)}; the checkpoints are whole: free some space") from None
+    return command
 
 
 def fewer_batches_per_evaluation(cfg, seconds_left, eval_s, val_tokens=0):
@@ -323,16 +425,17 @@ def time_steps(step, model, batch, autocast, optimizer, scaler, calls=None):
     """(seconds per training step, per forward pass of batch, to save a checkpoint), timed: step() a few
     times, model on batch (x, y) in eval mode under autocast, and a save of model and optimizer. The model,
     optimizer and scaler are put back as they were, so the run starts as if untouched. calls: exactly that
-    many of each (processes that synchronize in a step must all run as many), else a few for a second."""
+    many of each (processes that synchronize in a step must all run as many), else a few for a third of a
+    second: a short budget pays for it, and the loop's own times correct it (Budget.replan)."""
     before = copy.deepcopy((model.state_dict(), optimizer.state_dict(), scaler.state_dict()))
 
     def forward():
         with torch.no_grad(), autocast:
             model(*batch)[1].item()
 
-    step_s = time_per_call(step, min_seconds=0.5, calls=calls)
+    step_s = time_per_call(step, min_seconds=0.25, calls=calls)
     model.eval()
-    forward_s = time_per_call(forward, min_seconds=0.2, calls=calls)
+    forward_s = time_per_call(forward, min_seconds=0.1, warmup=1, calls=calls)
     model.train()
     t0 = time.perf_counter()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, io.BytesIO())

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
+import platform
 import re
 import shutil
 from dataclasses import dataclass
@@ -183,12 +184,27 @@ def maybe_compile(model, device_type):
     return torch.compile(model)
 
 
+def machine(device, dtype):
+    """What decides how fast a run goes here, the run aside: this host, the device (a GPU's name), the CPU
+    kernels torch picked (AVX2 or AVX512), the threads, the dtype and torch's version."""
+    what = torch.cuda.get_device_name(device) if device.startswith("cuda") else device
+    return (f"{platform.node()} {what} {torch.backends.cpu.get_cpu_capability()} {torch.get_num_threads()} "
+            f"threads {NAMES[dtype]} torch {torch.__version__}")
+
+
 def peak_flops(device_type):
     """The device's dense bf16 FLOP/s if it is a GPU we know, else None."""
     if device_type != "cuda":
         return None
     name = torch.cuda.get_device_name()
     return next((flops for pattern, flops in PEAK_FLOPS if re.search(pattern, name)), None)
+
+
+def mfu(device_type, params, cfg, tokens_per_s):
+    """The share of the device's dense bf16 peak that training a model of params (cfg's shape) at tokens_per_s
+    uses; None on a CPU, or a GPU not in PEAK_FLOPS."""
+    peak = peak_flops(device_type)
+    return peak and train_flops_per_token(params, cfg.n_layer, cfg.n_embd, cfg.block_size) * tokens_per_s / peak
 
 
 def train_flops_per_token(params, n_layer, n_embd, block_size):

@@ -241,6 +241,18 @@ def process_age():
 # --- Directories ------------------------------------------------------------------------------------
 
 
+def cache_dir():
+    """This user's cache directory for the project: what a run remembers of this machine between runs."""
+    home = os.path.expanduser("~")
+    if WINDOWS:
+        base = os.environ.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
+    elif sys.platform == "darwin":
+        base = os.path.join(home, "Library", "Caches")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    return os.path.join(base, "tinygpt")
+
+
 def sync_directory(path):
     """Makes a rename or a new name in directory path durable (a power cut keeps it). Windows opens
     no directory as a file; its file system journals the rename itself."""
