@@ -490,16 +490,17 @@ def test_the_repeat_command_trains_the_same_run_again_without_timing_anything(da
     assert losses[0] == losses[1]
 
 
-def test_the_loops_own_step_corrects_a_remembered_speed_only_past_the_noise():
+def test_the_loops_own_step_corrects_a_remembered_speed_only_when_shorter_past_the_noise():
     speeds = budget.Speeds("this machine", 65)
     one, two = train.TrainConfig(n_layer=1), train.TrainConfig(n_layer=2)
     speeds.put(one, (0.1, 0.03, 0.01))
     speeds.put(two, (0.2, 0.06, 0.01))
-    speeds.correct(one, 0.1 * (1 + budget.NOISE / 2))
-    assert budget.Speeds("this machine", 65).get(one) == (0.1, 0.03, 0.01)  # within the noise: as it was
-    speeds.correct(one, 0.15)
+    speeds.correct(one, 0.1 * (1 - budget.NOISE / 2))  # within the noise
+    speeds.correct(one, 0.3)  # a busy hour
+    assert budget.Speeds("this machine", 65).get(one) == (0.1, 0.03, 0.01)  # as it was
+    speeds.correct(one, 0.05)
     again = budget.Speeds("this machine", 65)
-    assert again.get(one) == pytest.approx((0.15, 0.045, 0.015)) and again.get(two)[0] == pytest.approx(0.3)
+    assert again.get(one) == pytest.approx((0.05, 0.015, 0.005)) and again.get(two) == (0.2, 0.06, 0.01)
     assert budget.Speeds("another machine", 65).get(one) is None and budget.Speeds("this machine", 66).get(one) is None
 
 

@@ -53,7 +53,7 @@ SIZED = ("n_layer", "n_embd", "block_size", "batch_size")  # a run with no prese
 COMPILING = {"cuda": (1.37, 41.0)}
 FIRST_GUESS_FLOPS = 100e9  # the rate the first run a sizing times is chosen for: two CPU cores' (the 4 x 128 model)
 SIZING_SHARE = 0.1  # of a budget, the most the sizing spends timing more runs than the first
-NOISE = 0.1  # a step that this machine timed before and now takes a tenth longer or shorter: its speed changed
+NOISE = 0.1  # a step this machine timed before that the loop finds a tenth shorter: remembered so
 # What decides a step's time, with the model's shape and the machine: a Speeds key.
 TIMED = ("batch_size", "grad_accum", "optimizer", "muon_ns_steps", "grad_clip", "compile")
 
@@ -305,7 +305,7 @@ class Speeds:
     kept between runs in the user's cache (speeds.json in system.cache_dir()), so that the same command
     chooses the same run, without timing it again. Keyed by what decides them: the machine (device.machine)
     and the run (its model, batch and optimizer). A compiled run is timed afresh: its timing compiles it.
-    The loop's own mean step corrects them where it differs by more than NOISE (Budget.replan)."""
+    The loop's own mean step corrects them where it is shorter by more than NOISE (Budget.replan)."""
 
     def __init__(self, machine, vocab_size):
         self.path, self.machine, self.vocab_size = Path(cache_dir()) / "speeds.json", machine, vocab_size
@@ -334,12 +334,12 @@ class Speeds:
         return times
 
     def correct(self, cfg, step_s):
-        """The loop's mean step of cfg, step_s, kept where it differs from the one kept by more than NOISE,
-        and every other run's times scaled alike: the machine's speed, not the run, changed."""
+        """The loop's mean step of cfg, step_s, kept where it is shorter than the one kept by more than NOISE:
+        a few timed steps can come out long (the machine busy, its caches cold), never short. A loop that is
+        slower changes nothing: a busy hour must not shrink the next quiet run's model."""
         times = self.get(cfg)
-        if times and abs(step_s / times[0] - 1) > NOISE:
-            self.runs = {key: [t * step_s / times[0] for t in kept] for key, kept in self.runs.items()}
-            self.save()
+        if times and step_s < (1 - NOISE) * times[0]:
+            self.put(cfg, (step_s, *(t * step_s / times[0] for t in times[1:])))
 
     def read(self):
         """{machine: {run: times}} from the cache; nothing from a file that is missing, unreadable or damaged."""
