@@ -3,6 +3,7 @@ the best model by default, and where a run's files go when nobody says."""
 
 import dataclasses
 import json
+import math
 import os
 import re
 import shlex
@@ -528,9 +529,21 @@ def test_a_plan_that_grows_or_shrinks_spreads_its_evaluations_and_warmup_again(d
     saved = files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
     evals = [r["iter"] for r in read_log(tmp_path) if "val_loss" in r]
     spread = budget.spread_evaluations(budget.USABLE * 4, 0.1)
-    assert budget.MIN_EVALS <= len(evals) - 1 <= spread + 1 and evals[-1] == saved["max_iters"]
+    assert budget.MIN_EVALS <= len(evals) <= spread + 2 and evals[-1] == saved["max_iters"]  # the first, the last
     assert saved["warmup_iters"] <= max(1, saved["max_iters"] // 10)
     assert capsys.readouterr().out.count("under half the") == (step_s > 0.01)  # a slowed run says so, once
+
+
+def test_a_plan_cut_near_its_end_keeps_its_evaluations_as_far_apart_as_over_the_whole_run():
+    """Evaluations still to come are spread over the steps still to come, but never closer than the whole run's
+    spread: near the end that would be an evaluation every step, and a repeat command that said so."""
+    cfg = train.TrainConfig(max_time="60s")
+    plan = budget.Budget(cfg, {})
+    cfg, _ = plan.fit(cfg, step_s=0.05, eval_s=0.5, elapsed=0.0)
+    late = int(0.95 * cfg.max_iters)
+    cut, said = plan.replan(cfg, late, 0.05, 0.5, now=60 * budget.USABLE - 1.0, evaluated=plan.evals - 1)
+    assert said and late < cut.max_iters < cfg.max_iters
+    assert cut.eval_interval >= math.ceil(cut.max_iters / (plan.evals - 1))
 
 
 # --- Early stopping and the best model -----------------------------------------------------------

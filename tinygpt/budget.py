@@ -263,8 +263,9 @@ class Budget:
             if self.planned and steps < self.planned / 2 <= cfg.max_iters:  # said once, as it falls past half
                 said += (f"; under half the {self.planned:,} the run was sized for: the machine is slower than "
                          "when it was timed, so this run trains less than planned")
-            if self.evals:  # the evaluations still to come, spread over the steps still to come
-                interval = math.ceil((steps - it) / max(1, self.evals - evaluated))
+            if self.evals:  # those still to come over the steps still to come, never closer than over the whole
+                interval = max(math.ceil((steps - it) / max(1, self.evals - evaluated)),
+                               math.ceil(steps / (self.evals - 1)))
         return self.steps_and_evaluations(cfg, steps, interval), said
 
     def steps_and_evaluations(self, cfg, steps, eval_interval=None):
