@@ -491,18 +491,24 @@ def test_the_repeat_command_trains_the_same_run_again_without_timing_anything(da
     assert losses[0] == losses[1]
 
 
-def test_the_loops_own_step_corrects_a_remembered_speed_only_when_shorter_past_the_noise():
+def test_the_loops_own_step_plans_the_next_run_and_chooses_it_only_when_shorter_past_the_noise():
     speeds = budget.Speeds("this machine", 65)
     one, two = train.TrainConfig(n_layer=1), train.TrainConfig(n_layer=2)
     speeds.put(one, (0.1, 0.03, 0.01))
     speeds.put(two, (0.2, 0.06, 0.01))
-    speeds.correct(one, 0.1 * (1 - budget.NOISE / 2))  # within the noise
-    speeds.correct(one, 0.3)  # a busy hour
-    assert budget.Speeds("this machine", 65).get(one) == (0.1, 0.03, 0.01)  # as it was
-    speeds.correct(one, 0.05)
+    assert speeds.loop_step(one) is None
+    for loop in (0.1 * (1 - budget.NOISE / 2), 0.3):  # within the noise; a busy hour
+        speeds.learn(one, loop)
+        again = budget.Speeds("this machine", 65)
+        assert again.get(one) == (0.1, 0.03, 0.01) and again.loop_step(one) == loop  # chosen as before, planned anew
+    speeds.learn(one, 0.05)
     again = budget.Speeds("this machine", 65)
     assert again.get(one) == pytest.approx((0.05, 0.015, 0.005)) and again.get(two) == (0.2, 0.06, 0.01)
     assert budget.Speeds("another machine", 65).get(one) is None and budget.Speeds("this machine", 66).get(one) is None
+    cfg = train.TrainConfig(n_layer=1, max_time="60s")
+    planned = budget.Budget(cfg, {}, again).fit(cfg, step_s=0.1, eval_s=0.5, elapsed=0.0)[0].max_iters
+    by_the_loop = budget.Budget(cfg, {}).fit(cfg, step_s=0.05, eval_s=0.5, elapsed=0.0)[0].max_iters
+    assert planned == by_the_loop  # planned by the last loop's step, not the one timed
 
 
 def test_a_damaged_or_unwritable_cache_costs_only_what_it_remembered(tmp_path, monkeypatch):

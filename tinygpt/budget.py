@@ -142,10 +142,10 @@ def size_run(cfg, sources, sizes, seconds_left, world, measure):
     """(cfg with the model and training choose_run picks, except what the command line set; a line saying
     so). sizes: the text's (train tokens, val tokens, vocabulary). measure(cfg) gives the seconds of a step
     of cfg on this device, each process among world (timed, or as this machine timed it before): the rate
-    choose_run goes by is measured on the run it chose before (first_guess at first), until the choice
-    stands, as the rate grows with the model and the batch (a step's fixed cost is shared by more
-    sequences) and falls with dropout; the first, at two CPU cores' rate. The timing stops at SIZING_SHARE
-    of the time, with the last choice."""
+    choose_run goes by is measured on the run it chose before (at first, its choice at FIRST_GUESS_FLOPS),
+    until the choice stands, as the rate grows with the model and the batch (a step's fixed cost is shared
+    by more sequences) and falls with dropout. The timing stops at SIZING_SHARE of the time, with the last
+    choice."""
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
 
     def free(settings):  # what the command line did not set
@@ -228,6 +228,7 @@ class Budget:
         (val_tokens long) reads part of it where the fewest would take half the time. elapsed: the budget's
         clock now (under torchrun, rank 0's, so that every process plans the same steps)."""
         left, given = USABLE * self.seconds - elapsed, self.sources
+        step_s = (self.speeds and self.speeds.loop_step(cfg)) or step_s  # the last loop's here: the speed today
         if self.spread and "eval_iters" not in given and (cfg.eval_iters or (MIN_EVALS + 1) * eval_s > left / 2):
             cfg, eval_s = fewer_batches_per_evaluation(cfg, left, eval_s, val_tokens)
         steps = plan_steps(left, step_s, eval_s, None if self.spread else cfg.eval_interval, self.max_steps)
@@ -250,7 +251,7 @@ class Budget:
         so that steps which slow down late (by up to 40% on a 2-core CPU) do not carry the run past its
         budget. The learning rate's schedule, its warmup and spread evaluations follow the steps."""
         if self.speeds is not None and it >= max(50, cfg.max_iters // 4):  # enough of the loop to go by
-            self.speeds.correct(cfg, step_s)
+            self.speeds.learn(cfg, step_s)
             self.speeds = None  # once
         left = USABLE * self.seconds - now
         room = None if self.max_steps is None else max(0, self.max_steps - it)
@@ -306,7 +307,7 @@ class Speeds:
     kept between runs in the user's cache (speeds.json in system.cache_dir()), so that the same command
     chooses the same run, without timing it again. Keyed by what decides them: the machine (device.machine)
     and the run (its model, batch and optimizer). A compiled run is timed afresh: its timing compiles it.
-    The loop's own mean step corrects them where it is shorter by more than NOISE (Budget.replan)."""
+    What the loop then measures is kept too (Budget.replan): the next run plans its steps by it."""
 
     def __init__(self, machine, vocab_size):
         self.path, self.machine, self.vocab_size = Path(cache_dir()) / "speeds.json", machine, vocab_size
@@ -319,7 +320,7 @@ class Speeds:
     def get(self, cfg):
         """(step, forward, save) seconds of cfg as this machine timed them, or None."""
         times = None if cfg.compile else self.runs.get(self.key(cfg))
-        return tuple(times) if times else None
+        return tuple(times[:3]) if times else None
 
     def put(self, cfg, times):
         if not cfg.compile:
@@ -334,21 +335,27 @@ class Speeds:
             self.put(cfg, times := time_it())
         return times
 
-    def correct(self, cfg, step_s):
-        """The loop's mean step of cfg, step_s, kept where it is shorter than the one kept by more than NOISE:
-        a few timed steps can come out long (the machine busy, its caches cold), never short. A loop that is
-        slower changes nothing: a busy hour must not shrink the next quiet run's model."""
+    def learn(self, cfg, step_s):
+        """The loop's mean step of cfg, step_s: the next run of cfg plans its steps by it (loop_step), and is
+        chosen by it where it is shorter than the step kept by more than NOISE: a few timed steps can come out
+        long (the machine busy, its caches cold), never short, and a busy hour must not shrink the next run."""
         times = self.get(cfg)
-        if times and step_s < (1 - NOISE) * times[0]:
-            self.put(cfg, (step_s, *(t * step_s / times[0] for t in times[1:])))
+        if times:
+            best = min(times[0], step_s) if step_s < (1 - NOISE) * times[0] else times[0]
+            self.put(cfg, (best, times[1] * best / times[0], times[2] * best / times[0], step_s))
+
+    def loop_step(self, cfg):
+        """The mean step the loop of the last run of cfg took here, or None."""
+        times = None if cfg.compile else self.runs.get(self.key(cfg))
+        return times[3] if times and len(times) == 4 else None
 
     def read(self):
         """{machine: {run: times}} from the cache; nothing from a file that is missing, unreadable or damaged."""
         try:
             machines = json.loads(self.path.read_text(encoding="utf-8"))["machines"]
-            return {m: {k: t for k, t in runs.items() if len(t) == 3 and all(0 <= x < 1e6 for x in t)}
+            return {m: {k: t for k, t in runs.items() if len(t) in (3, 4) and all(0 <= x < 1e6 for x in t)}
                     for m, runs in machines.items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return {}
 
     def save(self):
@@ -426,15 +433,16 @@ def time_steps(step, model, batch, autocast, optimizer, scaler, calls=None):
     """(seconds per training step, per forward pass of batch, to save a checkpoint), timed: step() a few
     times, model on batch (x, y) in eval mode under autocast, and a save of model and optimizer. The model,
     optimizer and scaler are put back as they were, so the run starts as if untouched. calls: exactly that
-    many of each (processes that synchronize in a step must all run as many), else a few for a third of a
-    second: a short budget pays for it, and the loop's own times correct it (Budget.replan)."""
+    many of each (processes that synchronize in a step must all run as many), else a few: steps for half a
+    second, as a machine's first choice goes by them (a quarter of a second, tried, once gave 42 ms for a
+    step the loop then took in 26), the forward pass for a tenth (evaluations are a small share of a run)."""
     before = copy.deepcopy((model.state_dict(), optimizer.state_dict(), scaler.state_dict()))
 
     def forward():
         with torch.no_grad(), autocast:
             model(*batch)[1].item()
 
-    step_s = time_per_call(step, min_seconds=0.25, calls=calls)
+    step_s = time_per_call(step, min_seconds=0.5, calls=calls)
     model.eval()
     forward_s = time_per_call(forward, min_seconds=0.1, warmup=1, calls=calls)
     model.train()
