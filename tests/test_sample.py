@@ -168,6 +168,13 @@ def test_temperature_zero_top_k_one_and_a_tiny_top_p_are_all_greedy():
         assert torch.equal(generate(model, idx, 2 * BLOCK, temperature=1.0, generator=g, **filters), greedy)
 
 
+@pytest.mark.parametrize("filters", [{"temperature": 1e-45}, {"temperature": 1.0, "top_p": 1e-300},
+                                     {"temperature": 1e-45, "top_k": 3, "top_p": 1e-300}])
+def test_a_temperature_or_top_p_so_small_that_probabilities_underflow_samples_the_likeliest_token(filters):
+    assert torch.equal(sample_next(LOGITS, **filters, generator=torch.Generator().manual_seed(0)),
+                       LOGITS.argmax(dim=-1, keepdim=True))
+
+
 def test_top_k_never_samples_outside_the_k_likeliest_tokens():
     counts = draws(LOGITS, temperature=1.0, top_k=3)
     assert set(counts.nonzero().flatten().tolist()) == {1, 3, 2}
@@ -329,6 +336,12 @@ def test_bad_input_is_one_error_line_and_exit_code_2(capsys, out_dir, args, says
     code, out, err = run_sample(capsys, out_dir, *args)
     assert code == 2 and out == ""
     assert err.startswith("error: ") and err.count("\n") == 1 and says in err
+
+
+@pytest.mark.parametrize("args", [["--temperature=1e-45"], ["--top_p=1e-300"], ["--temperature=1e-300", "--top_k=2"]])
+def test_every_temperature_and_top_p_the_options_accept_gives_text(capsys, out_dir, args):
+    code, out, err = run_sample(capsys, out_dir, "--start=ROMEO:", *args)
+    assert code == 0 and err == "" and len(samples(out)) == 1 and samples(out)[0].startswith("ROMEO:")
 
 
 def test_a_checkpoint_name_that_is_not_there_names_those_that_are(capsys, out_dir):

@@ -241,14 +241,17 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     """
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # The largest logit 0, the temperature at least fp32's smallest normal: no tiny temperature overflows or is 0.
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, torch.finfo(logits.dtype).tiny)
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = F.softmax(sorted_logits, dim=-1)
-        # Drop a token when the tokens before it already reach top_p; the first stays.
+        # Drop a token when the tokens before it already reach top_p; the first stays (a top_p of 1e-300 is 0 in fp32).
         drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop[:, 0] = False
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
