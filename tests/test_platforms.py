@@ -134,6 +134,25 @@ def test_a_dead_process_is_found_without_signalling_anyone_on_windows(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".data.staging-{os.getppid()}"]
 
 
+EXITS = textwrap.dedent("""
+    import atexit, sys
+    sys.path.insert(0, ".")
+    from tinygpt import system
+    atexit.register(print, "Python's clean-up ran")
+    if sys.argv[1] == "profiled":
+        sys.setprofile(lambda *args: None)
+    print("the output, out")
+    system.exit(3)
+""")
+
+
+@pytest.mark.parametrize("how", ["plain", "profiled"])
+def test_a_script_ends_with_its_output_and_code_skipping_cleanup_unless_a_profiler_reports(how):
+    result = subprocess.run([sys.executable, "-c", EXITS, how], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3 and result.stdout.startswith("the output, out\n")
+    assert ("clean-up ran" in result.stdout) == (how == "profiled")  # cProfile, coverage: they report at the exit
+
+
 def test_stop_signals_are_those_the_system_has(monkeypatch):
     assert set(system.stop_signals()) == {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     monkeypatch.delattr(signal, "SIGHUP")

@@ -237,7 +237,10 @@ def test_prepare_killed_at_any_moment_leaves_the_old_data_set_or_the_new_one(tmp
     assert leftovers(out.parent) == []  # what the kills left behind is gone
 
 
-def test_ctrl_c_during_prepare_keeps_the_old_data_set_and_leaves_nothing_behind(tmp_path):
+@pytest.mark.parametrize("signum, said", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "stopped by SIGTERM"),
+                                           (signal.SIGHUP, "stopped by SIGHUP")])
+def test_ctrl_c_during_prepare_keeps_the_old_data_set_and_leaves_nothing_behind(tmp_path, signum, said):
+    """And SIGTERM or SIGHUP alike: each ends the work as Ctrl-C does, so its staging directory goes with it."""
     (tmp_path / "old.txt").write_text(text_of(200, "old"))
     out = tmp_path / "data" / "set"
     assert prepare.main(["--input", str(tmp_path / "old.txt"), "--out_dir", str(out)]) == 0
@@ -246,10 +249,10 @@ def test_ctrl_c_during_prepare_keeps_the_old_data_set_and_leaves_nothing_behind(
     proc = start("prepare.py", "--input", tmp_path / "fifo", "--out_dir", out)
     fd = os.open(tmp_path / "fifo", os.O_WRONLY)  # returns once prepare.py reads it: it is at work
     os.write(fd, text_of(100, "new").encode())
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     os.close(fd)  # an end to the input: a Ctrl-C that came just before a read waits for it to return
     _, err = proc.communicate(timeout=60)
-    assert (proc.returncode, err) == (130, "interrupted\n")
+    assert (proc.returncode, err) == (128 + signum, f"{said}\n")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert leftovers(out.parent) == []
 
