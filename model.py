@@ -323,9 +323,11 @@ def where_tokens_are(model, idx, valid=None, cache=None):
 def causal_mask(config, T, S, device):
     """(T, S) for the last T of S positions: each query sees the keys up to itself, at most its `window`
     newest (block_size's, without a window). None where the fused kernel needs no mask: T == S within
-    the window (its is_causal), or one query, which sees every key."""
+    the window (its is_causal), or one query, which sees every key; the written-out attention always gets
+    it, so that a traced graph (ONNX) cuts the window at any length."""
     span = config.window or config.block_size
-    return tril_mask(T, S, device).triu(diagonal=S - T - span + 1) if S > span or T not in (1, S) else None
+    needed = S > span or T not in (1, S) or not config.fused_attention
+    return tril_mask(T, S, device).triu(diagonal=S - T - span + 1) if needed else None
 
 
 def padding_mask(valid, T):

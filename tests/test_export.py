@@ -6,9 +6,15 @@ Nothing downloads: the models are trained here in a second or two, BPE is a smal
 """
 
 import dataclasses
+import errno
 import json
 import os
+import shutil
+import signal
+import stat
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -257,6 +263,9 @@ def test_a_switch_no_standard_architecture_has_is_refused(tmp_path, capsys, swit
     ("to exists", "--overwrite=true"),
     ("to is a file", "is a file"),
     ("no --to", "--to=DIR"),
+    ("to below a file", "which is a file"),
+    ("a damaged checkpoint", "pass --checkpoint=ckpt.pt if"),
+    ("to is a run's out_dir", "is train.py's out_dir"),
 ])
 def test_a_mistake_is_one_error_line_and_writes_nothing(runs, tmp_path, capsys, case, says):
     args = {"out_dir": runs["learned"], "to": tmp_path / "x"}
@@ -271,7 +280,19 @@ def test_a_mistake_is_one_error_line_and_writes_nothing(runs, tmp_path, capsys, 
         (tmp_path / "x").write_text("mine")
     elif case == "no --to":
         args["to"] = ""
+    elif case == "to below a file":
+        (tmp_path / "x").write_text("mine")
+        args["to"] = tmp_path / "x" / "sub"
+    elif case == "a damaged checkpoint":
+        args["out_dir"] = tmp_path / "run"
+        args["out_dir"].mkdir()
+        (args["out_dir"] / "best.pt").write_bytes(b"PK\x03\x04 cut short")
+    elif case == "to is a run's out_dir":
+        args["to"], args["overwrite"] = runs["rope"], True
+        before = sorted(os.listdir(runs["rope"]))
     assert says in refused(capsys, tmp_path, *(f"--{k}={v}" for k, v in args.items()))
+    if case == "to is a run's out_dir":
+        assert sorted(os.listdir(runs["rope"])) == before
     if case == "to exists":
         assert os.listdir(tmp_path / "x") == ["config.json"] and (tmp_path / "x" / "config.json").read_text() == "{}"
 
@@ -320,3 +341,196 @@ def test_a_gpt_neox_that_model_py_cannot_compute_is_one_error_line(exported, tmp
     (directory / "config.json").write_text(json.dumps(json.loads((directory / "config.json").read_text()) | change))
     assert sample.main([f"--init_from={directory}", "--device=cpu"]) == 2
     assert says in error_line(capsys)
+
+
+# --- A hostile user: edited directories, exports at once, signals, read-only targets, long inputs -------------
+
+
+def leftovers(directory):
+    """The hidden entries in directory: staging directories, an old export set aside."""
+    return sorted(p.name for p in Path(directory).iterdir() if p.name.startswith("."))
+
+
+def edited_copy(exported, pos, tmp_path, change):
+    """A copy of an export, its config.json changed by change(config) -> what to write (any JSON)."""
+    directory = tmp_path / "edited"
+    shutil.copytree(exported[pos], directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(change(config)))
+    return directory
+
+
+@pytest.mark.parametrize("pos, change, says", [
+    ("rope", lambda c: c | {"num_hidden_layers": 1}, "weights its config.json has not"),
+    ("rope", lambda c: c | {"num_hidden_layers": 0}, "num_hidden_layers must be a whole number from 1 to 256"),
+    ("rope", lambda c: c | {"num_hidden_layers": 100_000}, "num_hidden_layers must be a whole number"),
+    ("rope", lambda c: c | {"num_hidden_layers": "2"}, "num_hidden_layers must be a whole number"),
+    ("rope", lambda c: c | {"num_attention_heads": True}, "num_attention_heads must be a whole number"),
+    ("rope", lambda c: [c], "holds a JSON list"),
+    ("rope", lambda c: c | {"model_type": "llama"}, "model_type is 'llama'"),
+    ("learned", lambda c: c | {"model_type": "bert"}, "model_type is 'bert'"),
+    ("learned", lambda c: {k: v for k, v in c.items() if k != "model_type"}, "model_type is None"),
+    ("learned", lambda c: [c], "holds a JSON list"),
+    ("learned", lambda c: c | {"n_layer": 1}, "weights GPT-2 has not"),
+])
+def test_an_edited_config_json_is_one_error_line_before_a_model_of_its_size_is_made(exported, tmp_path, capsys,
+                                                                                    pos, change, says):
+    directory = edited_copy(exported, pos, tmp_path, change)
+    assert sample.main([f"--init_from={directory}", "--device=cpu"]) == 2
+    assert says in error_line(capsys)
+
+
+def test_a_config_json_that_is_no_object_is_one_error_line_for_score_and_fine_tuning_too(exported, data, tmp_path,
+                                                                                        capsys):
+    directory = edited_copy(exported, "rope", tmp_path, lambda c: [c])
+    (tmp_path / "text.txt").write_text("ROMEO: hello\n" * 20)
+    assert score.main([f"--init_from={directory}", f"--input={tmp_path / 'text.txt'}"]) == 2
+    assert "holds a JSON list" in error_line(capsys)
+    assert train.main([f"--init_from={directory}", f"--data_dir={data}", f"--out_dir={tmp_path / 'run'}",
+                       "--max_iters=1"]) == 2
+    assert "holds a JSON list" in error_line(capsys)
+
+
+@pytest.mark.parametrize("case", ["characters without their tokenizer.json", "another BPE than gpt2"])
+def test_an_export_whose_tokens_cannot_be_read_back_says_so_without_a_download(exported, tmp_path, capsys,
+                                                                             monkeypatch, case):
+    import tiktoken
+
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: pytest.fail(f"tried to load tiktoken's {name}"))
+    directory = edited_copy(exported, "rope", tmp_path, lambda c: c)
+    if case == "another BPE than gpt2":
+        (directory / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "merges": [["a", "b"]]}}))
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+        (directory / "tokenizer_config.json").write_text(json.dumps(config | {"tiktoken_encoding": "cl100k_base"}))
+    else:
+        (directory / "tokenizer.json").unlink()
+    assert sample.main([f"--init_from={directory}", "--device=cpu"]) == 2
+    line = error_line(capsys)
+    assert ("cl100k_base" if case == "another BPE than gpt2" else "no tokenizer.json of characters") in line
+    assert "download" not in line
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_json_nested_past_what_the_parser_follows_is_one_error_line(exported, tmp_path, capsys, name):
+    directory = edited_copy(exported, "rope", tmp_path, lambda c: c)
+    (directory / name).write_text("[" * 200_000 + "]" * 200_000)
+    assert sample.main([f"--init_from={directory}", "--device=cpu"]) == 2
+    assert f"{name} is not valid JSON" in error_line(capsys)
+
+
+def test_a_local_export_damaged_is_told_to_export_it_again_or_download_it(exported, tmp_path, capsys):
+    directory = edited_copy(exported, "learned", tmp_path, lambda c: c)
+    (directory / "config.json").write_text("{ cut short")
+    assert sample.main([f"--init_from={directory}", "--device=cpu"]) == 2
+    assert "get the model again (download it, or export it again)" in error_line(capsys)
+
+
+def test_an_untrained_checkpoint_exports_with_a_warning(data, tmp_path, capsys):
+    assert train.main([TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'run'}", "--max_iters=0"]) == 0
+    capsys.readouterr()
+    assert export.main([f"--out_dir={tmp_path / 'run'}", f"--to={tmp_path / 'x'}"]) == 0
+    warning = capsys.readouterr().out.splitlines()[0]
+    assert warning.startswith("warning: ") and "iteration 0" in warning and "untrained" in warning
+
+
+def test_an_export_into_a_target_another_export_made_meanwhile_keeps_that_one(runs, tmp_path, capsys, monkeypatch):
+    """Two exports into one new --to at once, neither with --overwrite: the one that swaps in second leaves
+    the first's whole, and says so."""
+    target, real = tmp_path / "x", export.write_hf
+
+    def another_export_meanwhile(stage, *args):  # this export is half done: another one runs to its end
+        real(stage, *args)
+        command = [sys.executable, "-m", "tinygpt.export", f"--out_dir={runs['rope']}", f"--to={target}"]
+        assert subprocess.run(command, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+
+    monkeypatch.setattr(export, "write_hf", another_export_meanwhile)
+    assert export.main([f"--out_dir={runs['learned']}", f"--to={target}"]) == 2
+    assert "was written by another export while this one ran" in error_line(capsys)
+    assert json.loads((target / "config.json").read_text())["model_type"] == "gpt_neox"  # the other's, whole
+    assert leftovers(tmp_path) == []
+
+
+SIGNALLED = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, os.getcwd())
+    from tinygpt import export, system
+    for s in system.stop_signals():  # as python -m tinygpt.export starts
+        signal.signal(s, system.interrupted)
+    signum, real = int(sys.argv[1]), export.write_hf
+    def write_hf(stage, *args):
+        real(stage, *args)
+        if signum:
+            os.kill(os.getpid(), signum)  # half the export written
+    export.write_hf = write_hf
+    code = export.main(sys.argv[2:])
+    if not signum:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C just after the export is whole
+    system.exit(code)
+""")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_during_an_export_leaves_the_old_one_whole_and_nothing_beside_it(runs, tmp_path, signum):
+    target = tmp_path / "x"
+    assert export.main([f"--out_dir={runs['rope']}", f"--to={target}"]) == 0
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    command = [sys.executable, "-c", SIGNALLED, str(int(signum)), f"--out_dir={runs['learned']}", f"--to={target}",
+               "--overwrite=true"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    said = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    assert (result.returncode, result.stderr) == (128 + signum, said + "\n")
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before and leftovers(tmp_path) == []
+
+
+def test_ctrl_c_just_after_an_export_is_whole_changes_nothing(runs, tmp_path):
+    command = [sys.executable, "-c", SIGNALLED, "0", f"--out_dir={runs['learned']}", f"--to={tmp_path / 'x'}"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stderr == ""
+    assert json.loads((tmp_path / "x" / "config.json").read_text())["model_type"] == "gpt2"
+
+
+def as_a_user(monkeypatch):
+    """os.unlink and os.rmdir refuse an entry of a directory its owner may not write, as for any user but root
+    (whom permissions do not stop, and who may be running these tests)."""
+    def checked(real):
+        def call(path, *, dir_fd=None):
+            parent = os.fstat(dir_fd) if dir_fd is not None else os.stat(os.path.dirname(os.path.abspath(path)))
+            if not parent.st_mode & stat.S_IWUSR:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+            return real(path, dir_fd=dir_fd)
+        return call
+
+    for name in ("unlink", "rmdir"):
+        monkeypatch.setattr(os, name, checked(getattr(os, name)))
+
+
+def test_overwriting_a_read_only_export_leaves_nothing_beside_it(runs, tmp_path, monkeypatch):
+    target = tmp_path / "x"
+    assert export.main([f"--out_dir={runs['rope']}", f"--to={target}"]) == 0
+    target.chmod(0o555)
+    as_a_user(monkeypatch)
+    for _ in range(2):  # each overwrite swaps the old one out, read-only, and removes it
+        assert export.main([f"--out_dir={runs['learned']}", f"--to={target}", "--overwrite=true"]) == 0
+    assert json.loads((target / "config.json").read_text())["model_type"] == "gpt2"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o555 and leftovers(tmp_path) == []
+    monkeypatch.undo()
+    target.chmod(0o755)
+
+
+def test_an_onnx_rope_model_reads_past_block_size_as_model_py_does_and_a_learned_one_refuses(runs, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    for pos in ARCHS:
+        assert export.main([f"--out_dir={runs[pos]}", f"--to={tmp_path / pos}", "--format=onnx"]) == 0
+    ours, tokenizer = our_model(runs["rope"])
+    idx = torch.randint(tokenizer.vocab_size, (2, 3 * BLOCK + 5))
+    [logits] = ort.InferenceSession(str(tmp_path / "rope" / "model.onnx")).run(["logits"], {"ids": idx.numpy()})
+    with torch.no_grad():
+        assert np.abs(logits - ours(idx)[0].numpy()).max() < 1e-4  # each query: its block_size newest keys
+    with pytest.raises(Exception, match=f"{BLOCK} by {3 * BLOCK + 5}"):  # onnxruntime: the table has BLOCK rows
+        ort.InferenceSession(str(tmp_path / "learned" / "model.onnx")).run(["logits"], {"ids": idx.numpy()})
+
+
+def test_the_readmes_exports_directory_is_ignored_by_git():
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    assert subprocess.run(["git", "check-ignore", "-q", "exports/notes/config.json"], cwd=ROOT).returncode == 0

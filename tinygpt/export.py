@@ -54,6 +54,9 @@ ACTIVATIONS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}  # transformers' na
 EXPORTED = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "model.onnx", "model.onnx.data")  # what an export replaces in --to; anything else there is kept
 PACKAGES = {"hf": ("safetensors",), "onnx": ("onnx", "onnxscript")}
+# A GPT-NeoX config.json's sizes, as gpt2.SIZE_FIELDS GPT-2's: each a whole number in this range, checked first.
+NEOX_SIZES = {"num_hidden_layers": 256, "num_attention_heads": 256, "hidden_size": 1 << 16,
+              "max_position_embeddings": 1 << 17, "vocab_size": 1 << 20}
 
 
 @dataclass
@@ -83,7 +86,10 @@ def main(argv):
                 write_hf(stage, model, arch, tokenizer)
             else:
                 write_onnx(stage, model)
-            swap_in(stage, target, EXPORTED)
+            swap_in(stage, target, EXPORTED, replace=cfg.overwrite)
+    except FileExistsError:  # made by another export since check_paths looked
+        raise UserError(f"--to={target} was written by another export while this one ran; it is kept as that one "
+                        "left it: pass --overwrite=true to replace it, or pick another --to") from None
     except OSError as e:
         raise UserError(f"{write_error(target, e)}; {target} is as it was") from None
     print(f"wrote {', '.join(sorted(set(os.listdir(target)) & set(EXPORTED)))} to {target}")
@@ -102,8 +108,14 @@ def check_paths(cfg):
         raise UserError(f"--out_dir={cfg.out_dir} is a file; pass the directory train.py wrote to (a checkpoint "
                         "in it goes in --checkpoint)")
     target = Path(cfg.to)
+    below_a_file = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+    if below_a_file is not None:
+        raise UserError(f"--to={target} is inside {below_a_file}, which is a file; pick a directory elsewhere")
     if target.exists() and not target.is_dir():
         raise UserError(f"--to={target} is a file; pick a directory")
+    if any((target / name).exists() for name in ("ckpt.pt", "best.pt", "lock")):  # swapped out under a run
+        raise UserError(f"--to={target} is train.py's out_dir, which an export would swap out under its runs; pick "
+                        "another --to")
     if target.exists() and not cfg.overwrite:
         raise UserError(f"--to={target} exists; replace its export with --overwrite=true, or pick another --to")
     return target
@@ -113,6 +125,8 @@ def read_checkpoint(path):
     """(model in eval mode on the CPU, tokenizer) of a checkpoint; the attention written out, which traces to ONNX
     (the fused kernel's causal flag would depend on the length)."""
     ckpt = load_checkpoint(path)
+    if ckpt.get("iter") == 0:
+        print(f"warning: {path} was saved at iteration 0, before any step: the model it holds is untrained")
     try:
         config = GPTConfig(**{**ckpt["model_config"], "dropout": 0.0, "fused_attention": False})
         return gpt2.build(config, ckpt["model"]), tokenizer_from_meta(ckpt["meta"])
@@ -254,7 +268,8 @@ def write_tokenizer(stage, tokenizer, config):
     chars = tokenizer.kind == "char"
     write_json(stage / "tokenizer.json", char_tokenizer(tokenizer.chars) if chars else
                bpe_tokenizer(tokenizer.encoding, stage))
-    special = {} if chars or tokenizer.eot_token is None else {"eos_token": END_OF_TEXT}
+    special = {} if chars else {"tiktoken_encoding": tokenizer.encoding.name}  # which tokens, for load() to read
+    special |= {} if chars or tokenizer.eot_token is None else {"eos_token": END_OF_TEXT}
     write_json(stage / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
                                                  "clean_up_tokenization_spaces": False,  # " ." stays " ."
                                                  "model_max_length": config.block_size} | special)
@@ -286,8 +301,18 @@ def load(init_from):
         load_encoding("gpt2")  # first: without its tokenizer, a download of the weights is of no use
         directory = gpt2.download(init_from)
     hf, chars = gpt2.read_config(directory), read_chars(directory / "tokenizer.json")
-    neox = hf.get("model_type") == "gpt_neox"
-    config = neox_config(hf, init_from) if neox else gpt2.gpt_config(hf, init_from)
+    kind = hf.get("model_type") if isinstance(hf, dict) else "gpt2"  # gpt_config says what else it holds
+    if kind not in ("gpt2", "gpt_neox"):
+        raise UserError(f"{init_from}: config.json's model_type is {kind!r}, not gpt2 or gpt_neox: only GPT-2 models, "
+                        "and the GPT-2 and GPT-NeoX models python -m tinygpt.export writes, load here")
+    config = neox_config(hf, init_from) if kind == "gpt_neox" else gpt2.gpt_config(hf, init_from)
+    encoding = read_json(directory / "tokenizer_config.json").get("tiktoken_encoding")  # an export's BPE
+    if not chars and encoding not in (None, "gpt2"):
+        raise UserError(f"{init_from} reads tiktoken's {encoding!r} tokens: only GPT-2's (tiktoken's gpt2), or the "
+                        "characters of an export's tokenizer.json, load here; use its ONNX export with tiktoken")
+    if not chars and encoding is None and config.real_vocab_size != gpt2.VOCAB_SIZE:  # not GPT-2's, so characters
+        raise UserError(f"{init_from} has {config.real_vocab_size:,} tokens and no tokenizer.json of characters: only "
+                        f"GPT-2's {gpt2.VOCAB_SIZE:,} tokens, or an export's characters, load here; export it again")
     if chars:
         n, vocab, meta = len(chars), "its tokenizer.json", {"tokenizer": "char", "vocab": chars}
     else:
@@ -297,28 +322,36 @@ def load(init_from):
         raise UserError(f"{init_from} has a vocabulary of {config.real_vocab_size} tokens and {vocab} {n}; only "
                         "models with GPT-2's vocabulary, or the characters of their tokenizer.json, load here")
     tensors = gpt2.read_weights(directory)
-    state = neox_state(tensors, config, init_from) if neox else gpt2.gpt_state(tensors, config, init_from)
+    state = neox_state(tensors, config, init_from) if kind == "gpt_neox" else gpt2.gpt_state(tensors, config, init_from)
     return config, state, meta
+
+
+def read_json(path):
+    """The JSON object in path; {} for a file that is missing, damaged or not an object."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 def read_chars(path):
     """The vocabulary of a character tokenizer.json (char_tokenizer's), in id order; None for any other."""
-    try:
-        tok = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{path} is not valid JSON; export the model again") from None
+    tok = gpt2.read_json(path, "export the model again") if path.is_file() else {}
     model = tok.get("model") if isinstance(tok, dict) else None
     if not isinstance(model, dict) or model.get("merges") != [] or tok.get("decoder") != {"type": "Fuse"}:
         return None
-    chars = sorted(model.get("vocab", {}), key=model["vocab"].get)
-    if sorted(model["vocab"].values()) != list(range(len(chars))) or any(len(ch) != 1 for ch in chars):
+    vocab = model.get("vocab")
+    ids = list(vocab.values()) if isinstance(vocab, dict) else [None]
+    if any(type(i) is not int for i in ids) or sorted(ids) != list(range(len(ids))) or any(len(c) != 1 for c in vocab):
         raise UserError(f"{path}: its vocabulary is not one character per id 0, 1, 2, ...; export the model again")
-    return chars
+    return sorted(vocab, key=vocab.get)
 
 
 def neox_config(hf, source):
     """The GPTConfig of a GPT-NeoX config.json, or a UserError for what model.GPT cannot compute."""
-    rope = hf.get("rope_parameters") or {}
+    gpt2.check_sizes(hf, NEOX_SIZES, source)
+    rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
     n_embd = hf.get("hidden_size")
     unlike = {  # model.py's: sequential residuals, every channel turned at rope_frequencies' rates, 4x MLP
         "use_parallel_residual": hf.get("use_parallel_residual", True),
@@ -326,7 +359,7 @@ def neox_config(hf, source):
         "partial_rotary_factor": rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)) != 1,
         "rope_theta": rope.get("rope_theta", hf.get("rotary_emb_base", ROPE_BASE)) != ROPE_BASE,
         "rope_type": rope.get("rope_type", "default") != "default",
-        "hidden_act": hf.get("hidden_act", "gelu") not in gpt2.GELU,
+        "hidden_act": str(hf.get("hidden_act", "gelu")) not in gpt2.GELU,
         "intermediate_size": not isinstance(n_embd, int) or hf.get("intermediate_size") != 4 * n_embd,
         "layer_norm_eps": hf.get("layer_norm_eps", LAYERNORM_EPS) != LAYERNORM_EPS,
     }
@@ -364,6 +397,10 @@ def neox_state(tensors, config, source):
             raise UserError(f"{source}: {hf_name(name, 'gpt_neox')} is {tuple(tensor.shape)}, config.json says "
                             f"{tuple(like.shape)}")
         state[name] = tensor.float().contiguous()
+    unexpected = sorted(set(tensors) - {hf_name(name, "gpt_neox") for name in expected})
+    if unexpected:  # a config.json that says fewer layers (or no bias) than the weights hold
+        raise UserError(f"{source} has weights its config.json has not ({unexpected[0]}, ...): config.json was edited "
+                        "after the export; export the model again")
     return state
 
 

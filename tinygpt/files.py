@@ -90,17 +90,28 @@ def _aside(target):
     return target.with_name(f".{target.name}.old")
 
 
+def remove_tree(path):
+    """Removes the directory tree at path, if there is one, read-only directories in it included (an old export
+    of mode 555, swapped out by swap_in), as far as this user may."""
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)  # its entries can go only from a directory this user may write
+        for root, dirs, _ in os.walk(path):
+            for name in dirs:
+                os.chmod(os.path.join(root, name), 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def remove_stale(target):
     """Cleans up after processes killed inside staging_dir or swap_in: their staging
     directories go; an old directory left aside by a two-step swap goes back, or goes."""
     aside = _aside(target)
     if aside.is_dir() and not os.path.lexists(target):
         os.rename(aside, target)  # killed between swap_in's two renames: the old one, whole, returns
-    shutil.rmtree(aside, ignore_errors=True)
+    remove_tree(aside)
     for stale in target.parent.glob(glob.escape(f".{target.name}.staging-") + "*"):
         pid = stale.name.rsplit("-", 1)[-1]
         if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
-            shutil.rmtree(stale, ignore_errors=True)
+            remove_tree(stale)
 
 
 @contextlib.contextmanager
@@ -116,16 +127,27 @@ def staging_dir(target):
     try:
         yield stage
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        remove_tree(stage)
 
 
-def swap_in(stage, target, replaced):
+def swap_in(stage, target, replaced, replace=True):
     """Puts the finished directory stage (from staging_dir) in target's place, keeping what
     else target held: its owner, mode, and entries not named in `replaced` (linked) go to stage first. At
     every moment target holds the old version or the new, whole (Linux: RENAME_EXCHANGE;
     elsewhere two renames, and a kill between them is undone by the next remove_stale).
-    The old version ends up at stage, and goes with it."""
+    The old version ends up at stage, and goes with it. replace=False: FileExistsError if target exists by
+    then (another process made it meanwhile), and nothing moves."""
     target = Path(os.path.realpath(target))
+    if not replace:
+        try:
+            os.rename(stage, target)  # fails where target is there and not empty (Windows: there at all)
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY) or os.path.lexists(target):
+                raise FileExistsError(errno.EEXIST, "made by another process meanwhile", str(target)) from None
+            raise
+        stage.mkdir()  # so that staging_dir's cleanup finds what it expects
+        sync_directory(target.parent)
+        return
     if target.is_dir():
         link_tree(target, stage, skip=set(replaced))
         with contextlib.suppress(OSError, AttributeError):  # its owner, where allowed (root; Windows has no chown)
@@ -248,15 +270,16 @@ def checkpoint_path(out_dir, name=""):
     return out_dir / "best.pt" if (out_dir / "best.pt").is_file() else out_dir / "ckpt.pt"
 
 
-def load_checkpoint(path, device="cpu"):
-    """A checkpoint's dict: tensors and plain data, never code."""
+def load_checkpoint(path, device="cpu", choosing=True):
+    """A checkpoint's dict: tensors and plain data, never code. choosing: the script takes --checkpoint."""
     path = Path(path)
     if not path.is_file():
         there = sorted(p.name for p in path.parent.glob("*.pt")) if path.parent.is_dir() else []
         fix = f"{path.parent} holds {', '.join(there)}: name one of those" if there else "train one: python train.py"
         raise UserError(f"checkpoint {path} not found; {fix}")
     other = {"best.pt": "ckpt.pt", "ckpt.pt": "best.pt"}.get(path.name)
-    instead = f"use {path.with_name(other)} if it is there, or retrain" if other else "retrain"
+    instead = f"pass --checkpoint={other} if {path.with_name(other)} is there, or retrain" if other and choosing \
+        else "retrain"
     ckpt = load_tensors(path, "a checkpoint", instead, "Load only checkpoints written by train.py", device)
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
         raise UserError(f"{path} is not a checkpoint written by train.py")
@@ -273,7 +296,7 @@ def checkpoint_to_resume(path, cfg, device):
     """The checkpoint at path that a run (a train.TrainConfig) resumes from, --init_from=resume; None for a
     new run, which must not replace one already there unless told to (--overwrite)."""
     if cfg.init_from == "resume":
-        return load_checkpoint(path, device)
+        return load_checkpoint(path, device, choosing=False)
     if path.exists() and not cfg.overwrite:
         raise UserError(f"{path} exists; continue it with --init_from=resume, start over with --overwrite=true, "
                         "or pick another --out_dir")

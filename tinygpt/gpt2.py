@@ -24,8 +24,10 @@ from tinygpt.device import padded_vocab_size
 from tinygpt.files import load_tensors
 
 SIZES = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1.5B"}  # parameters
+VOCAB_SIZE = 50257  # tiktoken's gpt2 encoding's tokens
 HUB_OWNER = "openai-community"  # the hub's home of OpenAI's checkpoints
 INSTALL = "pip install huggingface_hub safetensors"
+AGAIN = "get the model again (download it, or export it again)"  # a directory may be the hub's, or an export's
 # Hugging Face's names for GELU: "gelu" is the exact one; the others compute the tanh approximation.
 GELU = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
 # Hugging Face's GPT-2 stores its matrices as Conv1D, (in, out): transposed from nn.Linear's (out, in).
@@ -74,10 +76,17 @@ def read_config(directory):
     path = directory / "config.json"
     if not path.is_file():
         raise UserError(f"{path} not found: a GPT-2 directory holds config.json and model.safetensors")
+    return read_json(path, AGAIN)
+
+
+def read_json(path, fix):
+    """The JSON in path, or a UserError naming it and, for a file that is no JSON, the fix."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{path} is not valid JSON; download the model again") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror}); check its permissions") from None
+    except (ValueError, RecursionError):  # not UTF-8 (a ValueError), not JSON, or nested past what json follows
+        raise UserError(f"{path} is not valid JSON; {fix}") from None
 
 
 def read_weights(directory):
@@ -91,12 +100,12 @@ def read_weights(directory):
         try:
             return load_file(path)
         except Exception as e:  # safetensors raises its own SafetensorError for a bad file
-            raise UserError(f"{path} is not a readable safetensors file ({str(e)[:100]}); download it again") from None
+            raise UserError(f"{path} is not a readable safetensors file ({str(e)[:100]}); {AGAIN}") from None
     path = directory / "pytorch_model.bin"
     if not path.is_file():
         raise UserError(f"{directory} has neither model.safetensors nor pytorch_model.bin (sharded weights "
-                        "are not supported); download the model again")
-    return load_tensors(path, "a weights file", "download the model again", "Use a model.safetensors")
+                        f"are not supported); {AGAIN}")
+    return load_tensors(path, "a weights file", AGAIN, "Use a model.safetensors")
 
 
 # --- Mapping GPT-2 onto model.GPT ---------------------------------------------------------------
@@ -106,20 +115,26 @@ def read_weights(directory):
 SIZE_FIELDS = {"n_layer": 256, "n_head": 256, "n_embd": 1 << 16, "n_positions": 1 << 17, "vocab_size": 1 << 20}
 
 
-def gpt_config(hf, source):
-    """The GPTConfig of a Hugging Face GPT-2 config.json, or a UserError for what GPT can not be."""
+def check_sizes(hf, limits, source):
+    """A UserError unless config.json (hf) is an object whose sizes named in limits are each a whole number from 1
+    to its limit: checked before anything that size is made."""
     if not isinstance(hf, dict):
-        raise UserError(f"{source}: config.json holds a JSON {type(hf).__name__}, not an object; download it again")
-    for key, most in SIZE_FIELDS.items():
+        raise UserError(f"{source}: config.json holds a JSON {type(hf).__name__}, not an object; get the model again")
+    for key, most in limits.items():
         value = hf.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
             raise UserError(f"{source}: config.json's {key} must be a whole number from 1 to {most:,}, got {value!r}")
+
+
+def gpt_config(hf, source):
+    """The GPTConfig of a Hugging Face GPT-2 config.json, or a UserError for what GPT can not be."""
+    check_sizes(hf, SIZE_FIELDS, source)
     if hf["n_embd"] % hf["n_head"]:
         raise UserError(f"{source}: config.json's n_embd ({hf['n_embd']}) is not a multiple of n_head ({hf['n_head']})")
     n_embd = hf["n_embd"]
     unsupported = {
         "model_type": hf.get("model_type") != "gpt2",
-        "activation_function": hf.get("activation_function", "gelu_new") not in GELU,
+        "activation_function": str(hf.get("activation_function", "gelu_new")) not in GELU,
         "n_inner": hf.get("n_inner") not in (None, 4 * (n_embd or 0)),
         "layer_norm_epsilon": hf.get("layer_norm_epsilon", 1e-5) != 1e-5,  # nn.LayerNorm's
         "scale_attn_weights": not hf.get("scale_attn_weights", True),
@@ -169,7 +184,7 @@ def gpt_state(hf_state, config, source):
         state["lm_head.weight"] = state.get("wte.weight")
     for name, tensor in expected.items():
         if state.get(name) is None:
-            raise UserError(f"{source} has no weights for {name}; download the model again")
+            raise UserError(f"{source} has no weights for {name}; {AGAIN}")
         if state[name].shape != tensor.shape:
             raise UserError(f"{source}: {name} is {tuple(state[name].shape)}, config.json says {tuple(tensor.shape)}")
     unexpected = sorted(set(state) - set(expected))

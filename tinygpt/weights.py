@@ -132,7 +132,7 @@ def load_weights(init_from, out_dir):
                         "a checkpoint file (ckpt.pt or best.pt) or a directory in the Hugging Face layout")
     if path.resolve().parent == Path(out_dir).resolve():
         raise UserError(f"--out_dir={out_dir} holds {path}, which fine-tuning would overwrite; pick another --out_dir")
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, choosing=False)
     return Weights(str(path), ckpt["model_config"], ckpt["model"], ckpt["meta"])
 
 
