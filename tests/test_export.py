@@ -367,9 +367,9 @@ def edited_copy(exported, pos, tmp_path, change):
     ("rope", lambda c: c | {"num_hidden_layers": "2"}, "num_hidden_layers must be a whole number"),
     ("rope", lambda c: c | {"num_attention_heads": True}, "num_attention_heads must be a whole number"),
     ("rope", lambda c: [c], "holds a JSON list"),
-    ("rope", lambda c: c | {"model_type": "llama"}, "model_type is 'llama'"),
-    ("learned", lambda c: c | {"model_type": "bert"}, "model_type is 'bert'"),
-    ("learned", lambda c: {k: v for k, v in c.items() if k != "model_type"}, "model_type is None"),
+    ("rope", lambda c: c | {"model_type": "llama"}, "model_type 'llama'"),
+    ("learned", lambda c: c | {"model_type": "bert"}, "model_type 'bert'"),
+    ("learned", lambda c: {k: v for k, v in c.items() if k != "model_type"}, "model_type None"),
     ("learned", lambda c: [c], "holds a JSON list"),
     ("learned", lambda c: c | {"n_layer": 1}, "weights GPT-2 has not"),
 ])

@@ -219,7 +219,7 @@ def test_a_truncated_best_pt_points_at_ckpt_pt(finished_run, capsys):
     data = (finished_run / "best.pt").read_bytes()
     (finished_run / "best.pt").write_bytes(data[: len(data) // 2])
     assert sample.main([f"--out_dir={finished_run}", "--max_new_tokens=3"]) == 2
-    one_error_line(capsys, "truncated or damaged", f"use {finished_run / 'ckpt.pt'}")
+    one_error_line(capsys, "truncated or damaged", f"pass --checkpoint=ckpt.pt if {finished_run / 'ckpt.pt'} is there")
 
 
 def test_start_file_with_no_path_says_so(finished_run, capsys):

@@ -303,14 +303,15 @@ def load(init_from):
     hf, chars = gpt2.read_config(directory), read_chars(directory / "tokenizer.json")
     kind = hf.get("model_type") if isinstance(hf, dict) else "gpt2"  # gpt_config says what else it holds
     if kind not in ("gpt2", "gpt_neox"):
-        raise UserError(f"{init_from}: config.json's model_type is {kind!r}, not gpt2 or gpt_neox: only GPT-2 models, "
+        raise UserError(f"{init_from}: config.json's model_type {kind!r} is not gpt2 or gpt_neox: only GPT-2 models, "
                         "and the GPT-2 and GPT-NeoX models python -m tinygpt.export writes, load here")
     config = neox_config(hf, init_from) if kind == "gpt_neox" else gpt2.gpt_config(hf, init_from)
-    encoding = read_json(directory / "tokenizer_config.json").get("tiktoken_encoding")  # an export's BPE
+    exported = read_json(directory / "tokenizer_config.json")  # an export's names its BPE
+    encoding = exported.get("tiktoken_encoding")
     if not chars and encoding not in (None, "gpt2"):
         raise UserError(f"{init_from} reads tiktoken's {encoding!r} tokens: only GPT-2's (tiktoken's gpt2), or the "
                         "characters of an export's tokenizer.json, load here; use its ONNX export with tiktoken")
-    if not chars and encoding is None and config.real_vocab_size != gpt2.VOCAB_SIZE:  # not GPT-2's, so characters
+    if not chars and exported and encoding is None and config.real_vocab_size != gpt2.VOCAB_SIZE:  # characters
         raise UserError(f"{init_from} has {config.real_vocab_size:,} tokens and no tokenizer.json of characters: only "
                         f"GPT-2's {gpt2.VOCAB_SIZE:,} tokens, or an export's characters, load here; export it again")
     if chars:
