@@ -91,7 +91,7 @@ class TrainConfig:
 def main(argv):
     sources = {}  # each setting's preset, or "command line"
     cfg = load_config(TrainConfig, argv, "train.py", __doc__, sources=sources)
-    cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
+    cfg = dataclasses.replace(cfg, out_dir=files.run_out_dir(cfg, sources))
     procs = device.start_processes(cfg.device)
     if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
         import prepare  # only here: what a fresh clone lacks
@@ -213,13 +213,6 @@ def model_config(cfg, vocab_size):
         return GPTConfig(**shape, vocab_size=device.padded_vocab_size(vocab_size), real_vocab_size=vocab_size)
     except ValueError as e:
         raise UserError(f"model config: {e}") from None
-
-
-def run_out_dir(cfg, sources):
-    """out_dir as set by the command line, or by the preset that names the data; else out/NAME for data/NAME."""
-    if cfg.out_dir and sources.get("out_dir") in ("command line", sources.get("data_dir")):
-        return cfg.out_dir
-    return str(Path("out") / Path(cfg.data_dir).name)
 
 
 def saved(cfg, name="ckpt.pt"):

@@ -188,6 +188,14 @@ def link_tree(src, dst, skip=()):
 # --- A run's out_dir ------------------------------------------------------------------------------
 
 
+def run_out_dir(cfg, sources):
+    """A run's out_dir (cfg: a train.TrainConfig, sources: where each setting came from): as set by the command
+    line, or by the preset that names the data; else out/NAME for data/NAME."""
+    if cfg.out_dir and sources.get("out_dir") in ("command line", sources.get("data_dir")):
+        return cfg.out_dir
+    return str(Path("out") / Path(cfg.data_dir).name)
+
+
 class RunLock:
     """out_dir/lock, held by the run writing into out_dir from acquire() to release(): filelock's lock
     (flock, or msvcrt on Windows), which the system lets go of when its process dies, however it dies,
