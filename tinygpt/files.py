@@ -228,8 +228,9 @@ class RunLock:
                 shutil.rmtree(self.made, ignore_errors=True)
 
 
-def append_record(out_dir, record):
-    """Adds one record to out_dir/log.jsonl, whole; a failed write (a full disk) is a UserError."""
+def append_record(out_dir, record, trackers=None):
+    """Adds one record to out_dir/log.jsonl, whole, then gives it to the run's trackers (tinygpt.trackers);
+    a failed write (a full disk) is a UserError."""
     path = Path(out_dir) / "log.jsonl"
     try:
         append_line(path, json.dumps(record))
@@ -237,6 +238,8 @@ def append_record(out_dir, record):
         kept = "the last checkpoint is kept" if (Path(out_dir) / "ckpt.pt").exists() else "nothing was saved"
         raise UserError(f"{write_error(path, e)}; {kept} and the log is whole: free some space and continue "
                         "with --init_from=resume") from None
+    if trackers:
+        trackers.log(record)
 
 
 def start_log(out_dir, start_iter):
