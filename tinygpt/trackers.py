@@ -23,8 +23,9 @@ def check(log_to):
     before anything is written or trained."""
     names = list(dict.fromkeys(name.strip() for name in log_to.split(",") if name.strip()))
     for name in names:
-        if name not in MODULES:
+        if name not in MODULES:  # a misspelt name first: it needs no package
             raise UserError(f"--log_to must be tensorboard, wandb or tensorboard,wandb, got {name!r}")
+    for name in names:
         try:
             importlib.import_module(MODULES[name])
         except ImportError:
