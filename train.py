@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from config import UserError, load_config, option
 from model import GELUS, GPT, MIXERS, POSITIONS, SCORES, GPTConfig
-from tinygpt import budget, dataset, device, files, optim, weights
+from tinygpt import budget, dataset, device, files, optim, trackers, weights
 
 # How often the processes under torchrun agree to stop (a signal to one, a non-finite loss on one): an
 # agreement after each step cost 3-7% of a CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py).
@@ -79,6 +79,9 @@ class TrainConfig:
     eval_interval: int = option(250, "steps between evaluations", low=1)
     eval_iters: int = option(200, "batches per loss estimate (0: all of val)", low=0)
     log_interval: int = option(10, "steps between log records", low=1)
+    log_to: str = option("", "trackers that get the log records too: tensorboard, wandb, or tensorboard,wandb")
+    wandb_project: str = option("tinygpt", "W&B project (--log_to=wandb)")
+    wandb_run_name: str = option("", "W&B run name (empty: out_dir's name)")
     # system
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
     dtype: str = option("auto", "auto: bf16 where fast, else fp16 on GPUs, fp32", choices=DTYPES)
@@ -91,7 +94,8 @@ class TrainConfig:
 def main(argv):
     sources = {}  # each setting's preset, or "command line"
     cfg = load_config(TrainConfig, argv, "train.py", __doc__, sources=sources)
-    cfg = dataclasses.replace(cfg, out_dir=run_out_dir(cfg, sources))
+    cfg = dataclasses.replace(cfg, out_dir=files.run_out_dir(cfg, sources))
+    cfg = dataclasses.replace(cfg, log_to=trackers.check(cfg.log_to)) if cfg.log_to else cfg  # before any write
     procs = device.start_processes(cfg.device)
     if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
         import prepare  # only here: what a fresh clone lacks
@@ -135,6 +139,8 @@ class Run:
     bad_evals: int = 0
     evaluated: int | None = None
     step_ms: float = 0.0  # the last step's
+    trackers: "trackers.Trackers | None" = None  # where the records go too (--log_to), on rank 0, in the loop
+    wandb_id: str | None = None  # the W&B run it logs to, kept with its checkpoints
 
     def __post_init__(self):
         self.autocast = device.autocast(self.procs.device_type, device.DTYPES[self.cfg.dtype])
@@ -171,8 +177,8 @@ def set_up(cfg, sources, procs, lock):
         run = build(cfg, data, procs, pretrained)
         if ckpt is not None:
             weights.check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
-            run.it, run.best_val, run.bad_evals, run.evaluated = weights.restore(ckpt, run.raw_model,
-                                                                                 run.optimizer, run.scaler)
+            run.it, run.best_val, run.bad_evals, run.evaluated, run.wandb_id = weights.restore(
+                ckpt, run.raw_model, run.optimizer, run.scaler)
             procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
     del pretrained, ckpt  # not twice in memory
     run.model = procs.wrap(device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else run.raw_model)
@@ -215,13 +221,6 @@ def model_config(cfg, vocab_size):
         raise UserError(f"model config: {e}") from None
 
 
-def run_out_dir(cfg, sources):
-    """out_dir as set by the command line, or by the preset that names the data; else out/NAME for data/NAME."""
-    if cfg.out_dir and sources.get("out_dir") in ("command line", sources.get("data_dir")):
-        return cfg.out_dir
-    return str(Path("out") / Path(cfg.data_dir).name)
-
-
 def saved(cfg, name="ckpt.pt"):
     """ckpt.pt: the latest state; best.pt: the lowest val loss."""
     return Path(cfg.out_dir) / name
@@ -242,7 +241,8 @@ def train(run, stop):
     # The loop's own step and evaluation times: for the budget to fit the steps again as the run goes.
     times = budget.LoopTimes(run.it)
     signum, bad, stop.model = 0, None, run.raw_model  # a signal or a bad loss ends it
-    with tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None) as bar:
+    with trackers.opened(run) as run.trackers, \
+            tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None) as bar:
         while True:
             if run.time_budget is not None and (evaluation_due(run) or run.it % AGREE_EVERY == 0):
                 replan(run, times, bar)  # may end the run at this step
@@ -314,7 +314,7 @@ def evaluate(run, lr, write):
               "val_bpc": losses["val"] / math.log(2)}
     if run.procs.device_type == "cuda":
         record["peak_memory"] = torch.cuda.max_memory_allocated()
-    files.append_record(run.cfg.out_dir, record)
+    files.append_record(run.cfg.out_dir, record, run.trackers)
     improved = losses["val"] < run.best_val
     run.best_val, run.bad_evals = min(run.best_val, losses["val"]), 0 if improved else run.bad_evals + 1
     state = run_state(run, losses["val"])
@@ -356,7 +356,7 @@ def log_step(run, loss, lr, bar):
         record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": run.step_ms, "tokens_per_s": tok_s}
         if mfu := device.mfu(run.procs.device_type, run.raw_model.num_params(), run.cfg, tok_s / run.procs.world):
             record["mfu"] = mfu
-        files.append_record(run.cfg.out_dir, record)
+        files.append_record(run.cfg.out_dir, record, run.trackers)
 
 
 def finish(run, signum, times):
@@ -456,7 +456,7 @@ def run_state(run, val_loss):
             "model_config": dataclasses.asdict(run.raw_model.config), "train_config": dataclasses.asdict(run.cfg),
             "meta": run.meta, "iter": run.it, "best_val_loss": run.best_val, "val_loss": val_loss,
             "bad_evals": run.bad_evals, "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict(),
-            "device_type": run.procs.device_type}
+            "device_type": run.procs.device_type, "wandb_run_id": getattr(run.trackers, "wandb_id", run.wandb_id)}
 
 
 def probe(run, speeds=None):

@@ -626,7 +626,7 @@ def test_a_presets_out_dir_holds_only_with_its_own_data(tmp_path):
                            ([], "out/shakespeare_char")]:
         sources = {}
         cfg = train.load_config(train.TrainConfig, argv, sources=sources)
-        assert train.run_out_dir(cfg, sources) == expected
+        assert files.run_out_dir(cfg, sources) == expected
 
 
 @pytest.mark.parametrize("master", [True, False])

@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -131,9 +132,10 @@ def test_compile_without_a_compiler_warns_and_runs_uncompiled(monkeypatch, capsy
 @pytest.mark.parametrize("processes", [1, 2])
 def test_torchrun_trains_with_ddp_on_cpu(data_dir, tmp_path, processes):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    tracked = importlib.util.find_spec("tensorboard") is not None  # requirements-dev.txt's: --log_to, on rank 0 alone
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
            str(ROOT / "train.py"), TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=6",
-           "--eval_interval=3", "--log_interval=1"]
+           "--eval_interval=3", "--log_interval=1", *(["--log_to=tensorboard"] if tracked else [])]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     # batch_size and grad_accum are per process: the preset's batch of 8 runs in each process;
@@ -145,6 +147,7 @@ def test_torchrun_trains_with_ddp_on_cpu(data_dir, tmp_path, processes):
     assert [r["iter"] for r in log if "val_loss" in r] == [0, 3, 6]  # only rank 0 writes
     assert len([r for r in log if "loss" in r]) == 6
     assert files.load_checkpoint(tmp_path / "ckpt.pt")["iter"] == 6
+    assert len(list(tmp_path.glob("tensorboard/events.out.tfevents.*"))) == tracked  # one writer, rank 0's
 
 
 def error_line(capsys):

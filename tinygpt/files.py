@@ -188,6 +188,14 @@ def link_tree(src, dst, skip=()):
 # --- A run's out_dir ------------------------------------------------------------------------------
 
 
+def run_out_dir(cfg, sources):
+    """A run's out_dir (cfg: a train.TrainConfig, sources: where each setting came from): as set by the command
+    line, or by the preset that names the data; else out/NAME for data/NAME."""
+    if cfg.out_dir and sources.get("out_dir") in ("command line", sources.get("data_dir")):
+        return cfg.out_dir
+    return str(Path("out") / Path(cfg.data_dir).name)
+
+
 class RunLock:
     """out_dir/lock, held by the run writing into out_dir from acquire() to release(): filelock's lock
     (flock, or msvcrt on Windows), which the system lets go of when its process dies, however it dies,
@@ -220,8 +228,9 @@ class RunLock:
                 shutil.rmtree(self.made, ignore_errors=True)
 
 
-def append_record(out_dir, record):
-    """Adds one record to out_dir/log.jsonl, whole; a failed write (a full disk) is a UserError."""
+def append_record(out_dir, record, trackers=None):
+    """Adds one record to out_dir/log.jsonl, whole, then gives it to the run's trackers (tinygpt.trackers);
+    a failed write (a full disk) is a UserError."""
     path = Path(out_dir) / "log.jsonl"
     try:
         append_line(path, json.dumps(record))
@@ -229,6 +238,8 @@ def append_record(out_dir, record):
         kept = "the last checkpoint is kept" if (Path(out_dir) / "ckpt.pt").exists() else "nothing was saved"
         raise UserError(f"{write_error(path, e)}; {kept} and the log is whole: free some space and continue "
                         "with --init_from=resume") from None
+    if trackers:
+        trackers.log(record)
 
 
 def start_log(out_dir, start_iter):

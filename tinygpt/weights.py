@@ -61,13 +61,13 @@ def model_from_checkpoint(path, device):
 
 def restore(ckpt, model, optimizer, scaler):
     """model, optimizer and scaler as ckpt saved them (not yet compiled or wrapped); returns the run's
-    (iteration, best val loss, evaluations without a better one, the iteration evaluated or None)."""
+    (iteration, best val loss, evaluations without a better one, the iteration evaluated or None, its W&B run)."""
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     if ckpt["scaler"]:  # empty where the run trained without fp16's scaling; a resume in fp16 starts it afresh
         scaler.load_state_dict(ckpt["scaler"])
     evaluated = ckpt["iter"] if ckpt["val_loss"] is not None else None  # None: saved on a signal, not evaluated
-    return ckpt["iter"], ckpt["best_val_loss"], ckpt.get("bad_evals", 0), evaluated
+    return ckpt["iter"], ckpt["best_val_loss"], ckpt.get("bad_evals", 0), evaluated, ckpt.get("wandb_run_id")
 
 
 def resumed_config(ckpt, cfg, sources, device_type):
