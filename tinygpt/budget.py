@@ -317,9 +317,13 @@ class Speeds:
         shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GPTConfig) if hasattr(cfg, f.name)}
         return json.dumps([shape, self.vocab_size, *(getattr(cfg, k) for k in TIMED)], sort_keys=True)
 
+    def kept(self, cfg):
+        """What this machine keeps of cfg: (step, forward, save[, the last loop's step]) seconds, or None."""
+        return None if cfg.compile else self.runs.get(self.key(cfg))
+
     def get(self, cfg):
         """(step, forward, save) seconds of cfg as this machine timed them, or None."""
-        times = None if cfg.compile else self.runs.get(self.key(cfg))
+        times = self.kept(cfg)
         return tuple(times[:3]) if times else None
 
     def put(self, cfg, times):
@@ -341,12 +345,12 @@ class Speeds:
         long (the machine busy, its caches cold), never short, and a busy hour must not shrink the next run."""
         times = self.get(cfg)
         if times:
-            best = min(times[0], step_s) if step_s < (1 - NOISE) * times[0] else times[0]
+            best = step_s if step_s < (1 - NOISE) * times[0] else times[0]
             self.put(cfg, (best, times[1] * best / times[0], times[2] * best / times[0], step_s))
 
     def loop_step(self, cfg):
         """The mean step the loop of the last run of cfg took here, or None."""
-        times = None if cfg.compile else self.runs.get(self.key(cfg))
+        times = self.kept(cfg)
         return times[3] if times and len(times) == 4 else None
 
     def read(self):
