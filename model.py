@@ -11,12 +11,9 @@ so every rung of the ladder is a model that trains (config/ladder/):
     Block               residual connections and pre-norm LayerNorm around both
     GPT                 embeddings, a stack of blocks, and the output head
 
-Averaging and one head take the stream and a mask, as in the lecture. Rotary positions, the
-KV cache and additive scores come in at the multi-head rung; where each token is and which
-keys it may see (padding, windows), the fused kernel and the checks of a config come after
-the path, under "Beside the main path". Shapes: B batch, T time, C channels (n_embd), H heads,
-hs head size, V vocabulary, S keys (T, or more with a KV cache). Ids in, logits out: no
-files, tokenizers, training or decoding.
+Rotary positions, the KV cache and additive scores come in at the multi-head rung; what they
+and the rest call by name follows the path, under "Beside the main path". Shapes: B batch, T time,
+C channels (n_embd), H heads, hs head size, V vocabulary, S keys (T, or more with a KV cache).
 """
 
 import math
@@ -25,8 +22,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from tinygpt.positions import rope_rates, rope_tables, rotate, sinusoidal_positions
 
 MIXERS = ("none", "average", "head", "multihead")
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
@@ -91,10 +86,9 @@ class CausalAverage(nn.Module):
 
 
 def attention(q, k, v, mask=None, scores=None):
-    """Attention written out: (output (..., T, hs), weights (..., T, S)) for queries q (..., T, hs)
-    and keys and values k, v (..., S, hs). Dividing q·k by sqrt(hs) keeps the scores at unit
-    variance, so the softmax does not saturate into one-hot; a key a query may not see gets
-    -inf, so weight 0. (scores: other scores of q and k, (..., T, S), to use instead.)"""
+    """(output (..., T, hs), weights (..., T, S)) for queries q (..., T, hs), keys and values k, v (..., S, hs).
+    q·k / sqrt(hs) keeps the scores at unit variance, so the softmax does not saturate into one-hot; a key
+    a query may not see gets -inf, so weight 0. scores (..., T, S): other scores of q and k, to use instead."""
     T, S = q.size(-2), k.size(-2)
     if scores is None:
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T, S)
@@ -127,15 +121,12 @@ class Head(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """n_head Heads side by side, each n_embd / n_head wide, their outputs concatenated and
-    projected back into the stream. The heads' query, key and value matrices are stacked into
-    one Linear, c_attn, so every head costs one matmul together, not a Python loop each
-    (tests/test_model.py checks that it equals the heads computed one by one).
+    """n_head Heads side by side, each n_embd / n_head wide, concatenated and projected back into the stream.
+    Their query, key and value matrices are stacked in one Linear, c_attn: one matmul for every head, not a
+    Python loop (tests/test_model.py checks that it equals the heads computed one by one).
 
-    Here the model's options come in: rotary positions (rope) turn each query and key by its
-    position's angles; a KV cache (tinygpt/decoding.py) adds the keys and values of positions
-    seen before; additive scores replace the dot product; PyTorch's fused kernel computes what
-    attention() writes out."""
+    The options come in here: rope turns queries and keys by position, a KV cache (tinygpt/decoding.py)
+    adds earlier keys and values, additive scores replace q·k, and a fused kernel computes attention()."""
 
     def __init__(self, config):
         super().__init__()
@@ -187,13 +178,9 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """Communication (the mixer), then computation (the feed-forward).
-
-    With `residual`, each sub-layer adds to a running stream, x + f(x), so the gradient has
-    a direct path to the bottom of a deep stack. With `layernorm`, each sub-layer reads a
-    normalized copy of the stream (pre-norm), which keeps activations at a steady scale
-    however deep the stack.
-    """
+    """Communication (the mixer), then computation (the feed-forward). With `residual`, each adds to a
+    running stream, x + f(x), so the gradient has a direct path to the bottom of a deep stack. With
+    `layernorm`, each reads a normalized copy of the stream (pre-norm): a steady scale however deep."""
 
     def __init__(self, config):
         super().__init__()
@@ -221,6 +208,15 @@ class Block(nn.Module):
 
 # --- The whole model --------------------------------------------------------------------------
 
+
+def sinusoidal_positions(block_size, n_embd):
+    """(block_size, n_embd) fixed encodings ("Attention Is All You Need"): sines in even channels, cosines in odd."""
+    pos = torch.arange(block_size).float()[:, None]  # (T, 1)
+    freq = torch.exp(torch.arange(0, n_embd, 2).float() * (-math.log(10000.0) / n_embd))  # (C/2,)
+    table = torch.zeros(block_size, n_embd)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)[:, : n_embd // 2]
+    return table
 
 class GPT(nn.Module):
     """Token embeddings and positions in, a stack of blocks, a last LayerNorm, and a head that
@@ -263,16 +259,9 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, valid=None, cache=None, last_only=False):
         """idx (B, T) token ids -> logits (B, T, V), and the mean cross-entropy loss given targets (B, T).
-        For decoding: valid (B, T) marks the real tokens of left-padded prompts; cache, a KVCache, holds
-        the keys and values of the positions before idx; last_only: the last position's logits (B, 1, V)
-        alone, all that generation needs."""
-        T = idx.size(1)
-        if valid is None and cache is None:  # training: a window from position 0
-            if T > self.config.block_size and self.config.pos != "rope":  # rope: offsets only
-                raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
-            pos, mask = torch.arange(T, device=idx.device), causal_mask(self.config, T, T, idx.device)
-        else:  # decoding: after the tokens in the cache, or left-padded prompts
-            pos, mask = where_tokens_are(self, idx, valid, cache)
+        For decoding: valid (B, T) marks the real tokens of left-padded prompts; cache, a KVCache, holds the
+        keys and values of the positions before idx; last_only: the last position's logits (B, 1, V) alone."""
+        pos, mask = where_tokens_are(self, idx, valid, cache)  # training: 0 to T - 1, and causal
         rope = rope_tables(pos, self.rope_rates) if self.config.pos == "rope" else None
         x = self.wte(idx)  # (B, T, C)
         if self.config.pos == "learned":
@@ -292,18 +281,35 @@ class GPT(nn.Module):
 
 
 # --- Beside the main path ---------------------------------------------------------------------
-# What the lesson calls by name: where each token is and which keys it may see (positions, rotary
-# angles, windows, padding, the KV cache's positions), PyTorch's fused attention, additive scores,
-# and the checks of a config.
+# What the lesson calls by name: rotary positions, which keys each token may see (windows, padding, the
+# KV cache's positions), PyTorch's fused attention, additive scores, and the checks of a config.
+
+
+def rope_rates(head_size, base=10000.0):
+    """(hs,): rotary positions' (RoPE) turning rates. Channels i and i + hs/2 turn together, by base^(-2i/hs)
+    per position, so q·k depends on the offset t - s alone. The first half is negated: sin(-a) = -sin(a)
+    puts the rotation's minus sign into the sin table, so rotate() needs no sign of its own."""
+    freq = base ** (-torch.arange(0, head_size, 2).float() / head_size)  # (hs/2,)
+    return torch.cat([-freq, freq])
+
+
+def rope_tables(pos, rates):  # (cos, sin), each (T, hs): the angles rotate() turns positions pos (T,) by
+    angles = pos[:, None] * rates  # (T, hs)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x, rope):
+    """x (..., T, hs) with each pair (x1, x2) turned by its angle: (x1 cos - x2 sin, x1 sin + x2 cos); roll swaps
+    the halves. In x's dtype: fp32 tables would promote a bf16 step to fp32, 5% slower on a CPU."""
+    cos, sin = (table.to(x.dtype) for table in rope)  # each (T, hs), from rope_tables
+    return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), sin)  # x cos + roll(x) sin, (..., T, hs)
 
 
 def where_tokens_are(model, idx, valid=None, cache=None):
-    """(pos, mask) for decoding idx (B, T), the tokens after those in the cache: pos, each token's position,
-    (T,) or (B, T); mask, the keys each query may see, (T, S) or (B, 1, T, S), or None (causal_mask's).
-    valid (B, T) marks the real tokens of left-padded prompts: each row's positions count from its first
-    real token. The cache is a KVCache: advance(valid, T) makes room for T new positions and returns the
-    validity of all S they attend to (None: no padding); len() is S; seen counts the positions ever added,
-    dropped the real tokens that a window has slid past (per row)."""
+    """(pos, mask) for idx (B, T), the tokens after the cache's. pos (T,) or (B, T): each token's position, from
+    its row's first real token (valid (B, T) marks those of left-padded prompts). mask (T, S), (B, 1, T, S) or None:
+    the keys each query may see. cache.advance(valid, T) makes room for T positions and returns the validity of
+    all S (None: no padding); len(cache) is S; cache.seen counts positions ever added, .dropped those slid past."""
     config, T, past = model.config, idx.size(1), 0 if cache is None else cache.seen
     relative = config.pos == "rope"  # offsets only: past block_size too
     if (past + T > config.block_size and not relative) or (cache is not None and T > config.block_size):
@@ -321,10 +327,9 @@ def where_tokens_are(model, idx, valid=None, cache=None):
 
 
 def causal_mask(config, T, S, device):
-    """(T, S) for the last T of S positions: each query sees the keys up to itself, at most its `window`
-    newest (block_size's, without a window). None where the fused kernel needs no mask: T == S within
-    the window (its is_causal), or one query, which sees every key; the written-out attention always gets
-    it, so that a traced graph (ONNX) cuts the window at any length."""
+    """(T, S) for the last T of S positions: each query sees the keys up to itself, its `window` newest at most
+    (block_size's without one). None where the fused kernel needs no mask (T == S within the window, or one
+    query); the written-out attention always gets it, so a traced graph (ONNX) cuts the window at any length."""
     span = config.window or config.block_size
     needed = S > span or T not in (1, S) or not config.fused_attention
     return tril_mask(T, S, device).triu(diagonal=S - T - span + 1) if needed else None
@@ -340,9 +345,8 @@ def padding_mask(valid, T):
 
 
 def fused_attention(q, k, v, mask=None):
-    """attention()'s output from PyTorch's fused kernel, which keeps no weights; no mask: causal, or one
-    query that sees every key. On a CPU under bf16 autocast it runs in fp32: its bf16 backward there
-    takes ~5x as long as fp32's."""
+    """attention()'s output from PyTorch's fused kernel, which keeps no weights (no mask: causal, or one query).
+    On a CPU under bf16 autocast it runs in fp32: its bf16 backward there takes ~5x as long."""
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
             return fused_attention(q.float(), k.float(), v.float(), mask)
@@ -350,10 +354,9 @@ def fused_attention(q, k, v, mask=None):
 
 
 def additive_scores(q, k, score_vector):
-    """Additive (Bahdanau) scores wᵀ tanh(q + k), a small network where the dot product is a
-    product: (B, H, T, S) for q (B, H, T, hs) and k (B, H, S, hs); score_vector (H * hs,) holds
-    each head's w. Its (B, H, T, S, hs) intermediate is kept for the backward pass and no fused
-    kernel avoids it: batch 64, block 256, 6 heads of 64 need 6.4 GB a layer, not 0.1."""
+    """Additive (Bahdanau) scores wᵀ tanh(q + k), (B, H, T, S), for q (B, H, T, hs) and k (B, H, S, hs);
+    score_vector (H * hs,) holds each head's w. The backward keeps its (B, H, T, S, hs) intermediate, which
+    no fused kernel avoids: batch 64, block 256, 6 heads of 64 need 6.4 GB a layer, not 0.1."""
     hidden = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))  # (B, H, T, S, hs)
     return torch.einsum("bhtsd,hd->bhts", hidden, score_vector.view(q.size(1), -1))  # (B, H, T, S)
 

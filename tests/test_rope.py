@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, rope_rates, rope_tables, rotate
 from tinygpt.decoding import KVCache, generate
-from tinygpt.positions import rope_frequencies, rope_rates, rope_tables, rotate
 
 
 def tables(n, head_size):
@@ -29,7 +28,7 @@ def test_attention_scores_depend_only_on_the_offset_between_query_and_key():
 def test_each_pair_of_channels_turns_like_a_complex_number_times_e_to_the_i_angle():
     """Channels i and i + hs/2 as x1 + i x2, times e^(i pos freq_i): the rotation trained checkpoints hold."""
     x = torch.randn(2, 3, 5, 8)
-    angles = torch.arange(5).float()[:, None] * rope_frequencies(8)  # (T, hs/2)
+    angles = torch.arange(5).float()[:, None] * rope_rates(8)[4:]  # (T, hs/2): each pair's rate
     turned = torch.complex(x[..., :4], x[..., 4:]) * torch.polar(torch.ones_like(angles), angles)
     torch.testing.assert_close(rotate(x, tables(5, 8)), torch.cat([turned.real, turned.imag], dim=-1))
 

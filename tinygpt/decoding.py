@@ -14,8 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import GPT, Block, FeedForward, MultiHeadAttention, fused_attention
-from tinygpt.positions import rope_tables, rotate
+from model import GPT, Block, FeedForward, MultiHeadAttention, fused_attention, rope_tables, rotate
 
 
 class KVCache:
