@@ -157,28 +157,29 @@ def set_up(cfg, sources, procs, lock):
             lock.acquire()  # a run that fails to start changes nothing
         data = dataset.load_data(cfg.data_dir)
     with procs.fail_together():
-        fine_tune = cfg.init_from not in ("scratch", "resume")
-        pretrained = weights.load_weights(cfg.init_from, cfg.out_dir) if fine_tune else None
+        pretrained = weights.load_weights(cfg.init_from, cfg.out_dir) if cfg.init_from not in ("scratch", "resume") \
+            else None
         ckpt = files.checkpoint_to_resume(saved(cfg), cfg, procs.device)
-        if ckpt is not None:
+        if ckpt is not None:  # a resumed run keeps the settings it started with
             cfg = weights.resumed_config(ckpt, cfg, sources, procs.device_type)
+        elif pretrained is not None:  # a fine-tuned one takes the weights' shape
+            cfg = weights.finetune_settings(pretrained, cfg, data[0], sources)
         dtype = device.pick_dtype(cfg.dtype, procs.device_type, training=True)
         cfg = dataclasses.replace(cfg, dtype=device.NAMES[dtype])
         preset = any(where != "command line" for where in sources.values())
         timed = ckpt is None and (cfg.max_time or not (preset or "max_iters" in sources))
-        speeds = budget.Speeds(device.machine(procs.device, dtype), data[0]["vocab_size"]) if procs.world == 1 else None
+        sized = not (ckpt or pretrained or preset or all(k in sources for k in budget.SIZED))
+        speeds = budget.Speeds(device.machine(procs.device, dtype), data[0]["vocab_size"]) \
+            if (timed or sized) and procs.world == 1 else None  # what this machine timed before
         time_budget = budget.Budget(cfg, sources, speeds) if timed else None
-        if ckpt is None and pretrained is not None:
-            cfg = weights.finetune_settings(pretrained, cfg, data[0], sources)
-        elif ckpt is None and not preset and not all(k in sources for k in budget.SIZED):
+        if sized:  # no preset: the model sized for the data and the time
             measure = lambda c: probe(build(c, data, procs), speeds)  # noqa: E731
             cfg = budget.size_for_data(cfg, sources, data, procs, time_budget, measure)
     with procs.fail_together():
         run = build(cfg, data, procs, pretrained)
-        if ckpt is not None:
-            weights.check_resumable(ckpt, run.raw_model.config, run.meta, cfg)
+        if ckpt is not None:  # checked first: the same model and tokenizer, and steps left
             run.it, run.best_val, run.bad_evals, run.evaluated, run.wandb_id = weights.restore(
-                ckpt, run.raw_model, run.optimizer, run.scaler)
+                ckpt, cfg, run.raw_model, run.optimizer, run.scaler, run.meta)
             procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
     del pretrained, ckpt  # not twice in memory
     run.model = procs.wrap(device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else run.raw_model)
@@ -460,9 +461,8 @@ def run_state(run, val_loss):
 
 
 def probe(run, speeds=None):
-    """(seconds per step, per evaluation with its checkpoints) of run: as this machine timed the same run
-    before (speeds, a budget.Speeds), else timed on a few of its real steps and then put back as it was
-    (budget.time_steps); rank 0's on every process."""
+    """(seconds per step, per evaluation with its checkpoints) of run, rank 0's on every process: as this machine
+    timed it before (speeds, a budget.Speeds), else timed on a few real steps, then put back (budget.time_steps)."""
     cfg = run.cfg
     draw = functools.partial(get_batch, run.splits["train"], cfg.batch_size, cfg.block_size,
                              np.random.default_rng(cfg.seed), run.procs.device)

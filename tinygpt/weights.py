@@ -59,9 +59,11 @@ def model_from_checkpoint(path, device):
 # --- Resuming -------------------------------------------------------------------------------------------
 
 
-def restore(ckpt, model, optimizer, scaler):
-    """model, optimizer and scaler as ckpt saved them (not yet compiled or wrapped); returns the run's
-    (iteration, best val loss, evaluations without a better one, the iteration evaluated or None, its W&B run)."""
+def restore(ckpt, cfg, model, optimizer, scaler, meta):
+    """model, optimizer and scaler as ckpt saved them (not yet compiled or wrapped), once it is checked that
+    this run (cfg, with the tokenizer of meta) can resume it: returns the run's (iteration, best val loss,
+    evaluations without a better one, the iteration evaluated or None, its W&B run)."""
+    check_resumable(ckpt, model.config, meta, cfg)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     if ckpt["scaler"]:  # empty where the run trained without fp16's scaling; a resume in fp16 starts it afresh
