@@ -1,11 +1,5 @@
 """Text in and out of a model: prompts read from the command line or a file (sample.py, tinygpt.score),
-checked against the tokenizer and encoded; generated tokens back to text as they come (sample.py).
-
-A character the tokenizer lacks is an error naming each one and where it is (file, line, column), or
-with --unknown=skip dropped with a warning; a prompt typed in the other Unicode form (an accent as a
-separate mark, as macOS may write it) is read in the form the model knows. Generated text waits while
-a BPE token ends inside a character, and while it could begin a stop sequence (--stop), not printed.
-"""
+checked against the tokenizer and encoded; generated tokens back to text as they come (sample.py)."""
 
 import re
 import sys
