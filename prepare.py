@@ -145,28 +145,22 @@ def separator(tokenizer, previous):
 
 
 def encode_files(files, shown, tokenizer, dtype, out, bar=None):
-    """Writes the ids of the files, one document after another, to the open file out,
+    """Writes the ids of the files, one document after another, to the open file out (new, empty),
     a chunk at a time. Returns (tokens, characters, sha256 of all the input bytes)."""
-    hasher, threads, n_tokens, n_chars, last = hashlib.sha256(), system.cpu_count(), 0, 0, ""
-
-    def write(ids):
-        nonlocal n_tokens
-        out.write(ids.astype(dtype, copy=False))
-        n_tokens += len(ids)
-
+    hasher, threads, n_chars, last = hashlib.sha256(), system.cpu_count(), 0, ""
     for i, path in enumerate(files):
         if i:
-            write(separator(tokenizer, last))
+            out.write(separator(tokenizer, last).astype(dtype))
         carry = ""
         for text in read_chunks(path, hasher, bar, shown.get(path)):
             text = carry + text
             # Cut at a word boundary, so that no BPE piece straddles two chunks.
             cut = cut_point(text, len(text))
-            write(tokenizer.encode_array(text[:cut], threads))
+            out.write(tokenizer.encode_array(text[:cut], threads).astype(dtype, copy=False))
             n_chars, last, carry = n_chars + cut, text[-1], text[cut:]
-        write(tokenizer.encode_array(carry, threads))
+        out.write(tokenizer.encode_array(carry, threads).astype(dtype, copy=False))
         n_chars += len(carry)
-    return n_tokens, n_chars, hasher.hexdigest()
+    return out.tell() // dtype.itemsize, n_chars, hasher.hexdigest()
 
 
 def split_off(out, path, offset):
