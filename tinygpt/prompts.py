@@ -127,9 +127,7 @@ class TextStream:
         return text[: len(text) - keep]
 
     def flush(self):
-        """The rest of the text, at the end of a sample that met no stop sequence."""
-        if self.stopped:
-            return ""
+        """The rest of the text, at the end of a sample: nothing once stopped, as nothing is pending or held."""
         text, self.pending = self.release(self.tokenizer.decode(self.pending)), []
         text, self.held = text + self.held, ""
         return text
