@@ -16,10 +16,8 @@ from tinygpt.positions import rope_tables, rotate
 class KVCache:
     """Keys and values of every layer for the positions already seen, so that each new token costs one
     position of work. The buffers are max_len long (the most keys a query sees: block_size, or the window)
-    and filled in place; `valid` (B, max_len) marks real tokens and left-padding, None while there is none.
-    Once full, the cache slides: the newest position takes the oldest one's slot (a ring, put back in order
-    only for a step that needs order; past block_size only rope allows sliding). More new positions than
-    fit (a prompt longer than a window) are attended to whole, and the newest kept."""
+    and filled in place. Once full, the cache slides (past block_size only rope allows it); more new
+    positions than fit (a prompt longer than a window) are attended to whole, and the newest kept."""
 
     def __init__(self, n_layer, max_len):
         self.max_len = max_len
@@ -48,9 +46,8 @@ class KVCache:
         held = min(self.length, self.max_len)  # a step that overflowed kept only the newest max_len
         self.layer = 0
         if T == 1 and held == self.max_len and valid is None:
-            # Full, and one real token: it takes the oldest one's slot, and the buffers
-            # become a ring. Its one query sees every key, and softmax does not care in
-            # what order: nothing is copied, where shifting moved every key a place.
+            # Full, and one real token: it takes the oldest one's slot, and the buffers become a ring. Its one
+            # query sees every key, and softmax does not care in what order: nothing is copied, no key moves.
             self.write, self.oldest = self.oldest, (self.oldest + 1) % self.max_len
             self.held, self.length, self.seen = held - 1, held, self.seen + 1
             if self.valid is None:
@@ -185,10 +182,9 @@ def unrolled_step(model):
         for ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b, gelu in layers:
             h = F.layer_norm(x, (C,), ln1_w, ln1_b, eps)
             qkv = F.linear(h, attn_w, attn_b).view(B, 1, 3, H, C // H).permute(2, 0, 3, 1, 4)  # (3, B, H, 1, hs)
+            q, k, v = qkv.unbind(0)
             if rope is not None:
-                (q, k), v = rotate(qkv[:2], rope).unbind(0), qkv[2]
-            else:
-                q, k, v = qkv.unbind(0)
+                q, k = rotate(qkv[:2], rope).unbind(0)
             k, v = cache.extend(k, v)  # (B, H, S, hs)
             h = fused_attention(q, k, v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
             x = x + F.linear(h, proj_w, proj_b)

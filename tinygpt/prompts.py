@@ -92,10 +92,9 @@ def unescape(text):
 
 
 class TextStream:
-    """Turns one row's generated tokens into text. Tokens wait, and are decoded together,
-    while their text ends in an incomplete character. Text waits while its end could
-    begin a stop sequence; once one appears, the text before it is the last, and
-    `stopped` is set. A stop sequence may span tokens, and may end inside one."""
+    """Turns one row's generated tokens into text. Tokens wait, and are decoded together, while their text
+    ends in an incomplete character. Text waits while its end could begin a stop sequence; once one appears,
+    the text before it is the last, and `stopped` is set. A stop sequence may span tokens, and end inside one."""
 
     def __init__(self, tokenizer, stops=()):
         self.tokenizer = tokenizer

@@ -14,10 +14,9 @@ import tiktoken
 from config import UserError
 
 END_OF_TEXT = "<|endoftext|>"
-# Where to cut a long text: just before a space, or just after a newline, between two
-# non-space characters. The split patterns of tiktoken's own encodings (gpt2 to o200k)
-# never match across such a point, so the pieces encode to the ids of the whole text.
-# (With another encoding only the ids at a cut may differ; decoding is unaffected.)
+# Where to cut a long text: just before a space, or just after a newline, between two non-space characters.
+# The split patterns of tiktoken's own encodings (gpt2 to o200k) never match across such a point, so the
+# pieces encode to the ids of the whole text (another encoding's may differ at a cut, and decode the same).
 _CUT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
 
 
