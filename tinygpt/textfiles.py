@@ -4,7 +4,6 @@ clear error line."""
 import codecs
 import hashlib
 import stat
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -20,10 +19,9 @@ CHUNK_BYTES = 1 << 23  # read and encode 8 MiB at a time
 
 
 def read_chunks(path, hasher=None, bar=None, shown=None):
-    """Yields the text of a UTF-8 file piece by piece, checking it on the way: the
-    UserError for a NUL byte or invalid UTF-8 gives its offset in the file, also when
-    a character's bytes are split between two reads. shown: the file's name in messages
-    (that of the pipe a spooled copy came from)."""
+    """Yields the text of a UTF-8 file piece by piece, checking it on the way: the UserError for a NUL byte or
+    invalid UTF-8 gives its offset in the file, also when a character's bytes are split between two reads.
+    shown: the file's name in messages (that of the pipe a spooled copy came from)."""
     shown = Path(shown or path)
     try:
         f = open(path, "rb")
@@ -112,7 +110,7 @@ def download_shakespeare(url, dest):
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
             data = response.read()
-    except (urllib.error.URLError, OSError) as e:
+    except OSError as e:  # URLError is one
         reason = getattr(e, "reason", e)
         raise UserError(
             f"could not download Tiny Shakespeare from {url} ({reason}); "
