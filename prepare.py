@@ -126,7 +126,10 @@ def write_dataset(stage, files, tokenizer, val_fraction, source):
         n_tokens, n_chars, sha256 = encode_files(files, shown, tokenizer, dtype, out, bar)
         if [(p.stat().st_size, p.stat().st_mtime_ns) for p in files] != stats:
             raise UserError("an input file changed while it was being read; run prepare.py again")
-        n_train = split_point(n_tokens, val_fraction, source)
+        n_train = int(n_tokens * (1 - val_fraction))  # all but the last val_fraction of the tokens
+        if n_train < 2 or n_tokens - n_train < 2:
+            raise UserError(f"{source} gives {n_tokens} tokens, too few to split into train and val at "
+                            f"val_fraction {val_fraction}; use a longer text")
         split_off(out, stage / "val.bin", n_train * dtype.itemsize)  # the last tokens move to val.bin
     meta = {"format": META_FORMAT, **tokenizer.meta(), "vocab_size": tokenizer.vocab_size, "dtype": dtype.name,
             "train_tokens": n_train, "val_tokens": n_tokens - n_train, "source": source,
@@ -172,16 +175,6 @@ def split_off(out, path, offset):
         for f in (out, tail):
             f.flush()
             os.fsync(f.fileno())
-
-
-def split_point(n_tokens, val_fraction, source):
-    """How many tokens are for training: all but the last val_fraction of them."""
-    n_train = int(n_tokens * (1 - val_fraction))
-    if n_train < 2 or n_tokens - n_train < 2:
-        raise UserError(
-            f"{source} gives {n_tokens} tokens, too few to split into train and val at val_fraction "
-            f"{val_fraction}; use a longer text")
-    return n_train
 
 
 if __name__ == "__main__":
