@@ -126,7 +126,10 @@ def write_dataset(stage, files, tokenizer, val_fraction, source):
         n_tokens, n_chars, sha256 = encode_files(files, shown, tokenizer, dtype, out, bar)
         if [(p.stat().st_size, p.stat().st_mtime_ns) for p in files] != stats:
             raise UserError("an input file changed while it was being read; run prepare.py again")
-        n_train = split_point(n_tokens, val_fraction, source)
+        n_train = int(n_tokens * (1 - val_fraction))  # all but the last val_fraction of the tokens
+        if n_train < 2 or n_tokens - n_train < 2:
+            raise UserError(f"{source} gives {n_tokens} tokens, too few to split into train and val at "
+                            f"val_fraction {val_fraction}; use a longer text")
         split_off(out, stage / "val.bin", n_train * dtype.itemsize)  # the last tokens move to val.bin
     meta = {"format": META_FORMAT, **tokenizer.meta(), "vocab_size": tokenizer.vocab_size, "dtype": dtype.name,
             "train_tokens": n_train, "val_tokens": n_tokens - n_train, "source": source,
@@ -145,28 +148,22 @@ def separator(tokenizer, previous):
 
 
 def encode_files(files, shown, tokenizer, dtype, out, bar=None):
-    """Writes the ids of the files, one document after another, to the open file out,
+    """Writes the ids of the files, one document after another, to the open file out (new, empty),
     a chunk at a time. Returns (tokens, characters, sha256 of all the input bytes)."""
-    hasher, threads, n_tokens, n_chars, last = hashlib.sha256(), system.cpu_count(), 0, 0, ""
-
-    def write(ids):
-        nonlocal n_tokens
-        out.write(ids.astype(dtype, copy=False))
-        n_tokens += len(ids)
-
+    hasher, threads, n_chars, last = hashlib.sha256(), system.cpu_count(), 0, ""
     for i, path in enumerate(files):
         if i:
-            write(separator(tokenizer, last))
+            out.write(separator(tokenizer, last).astype(dtype))
         carry = ""
         for text in read_chunks(path, hasher, bar, shown.get(path)):
             text = carry + text
             # Cut at a word boundary, so that no BPE piece straddles two chunks.
             cut = cut_point(text, len(text))
-            write(tokenizer.encode_array(text[:cut], threads))
+            out.write(tokenizer.encode_array(text[:cut], threads).astype(dtype, copy=False))
             n_chars, last, carry = n_chars + cut, text[-1], text[cut:]
-        write(tokenizer.encode_array(carry, threads))
+        out.write(tokenizer.encode_array(carry, threads).astype(dtype, copy=False))
         n_chars += len(carry)
-    return n_tokens, n_chars, hasher.hexdigest()
+    return out.tell() // dtype.itemsize, n_chars, hasher.hexdigest()
 
 
 def split_off(out, path, offset):
@@ -178,16 +175,6 @@ def split_off(out, path, offset):
         for f in (out, tail):
             f.flush()
             os.fsync(f.fileno())
-
-
-def split_point(n_tokens, val_fraction, source):
-    """How many tokens are for training: all but the last val_fraction of them."""
-    n_train = int(n_tokens * (1 - val_fraction))
-    if n_train < 2 or n_tokens - n_train < 2:
-        raise UserError(
-            f"{source} gives {n_tokens} tokens, too few to split into train and val at val_fraction "
-            f"{val_fraction}; use a longer text")
-    return n_train
 
 
 if __name__ == "__main__":

@@ -88,9 +88,8 @@ def print_samples(model, rows, cfg, tokenizer, generator):
             break
     for r, stream in enumerate(streams):
         add(r, stream.flush())
-    for text in texts:
-        end = ("" if text.endswith("\n") else "\n") + SEPARATOR + "\n"
-        write(end if live else text + end)
+        end = ("" if texts[r].endswith("\n") else "\n") + SEPARATOR + "\n"
+        write(end if live else texts[r] + end)
 
 
 @system.cli

@@ -1,14 +1,9 @@
-"""Decoding: the KV cache, the loop that feeds a model its context, the one-token step, and the
-sampling rule.
+"""Decoding: the model knows only forward(); this module decides which positions to feed it, keeps the keys
+and values of those it has seen (KVCache), and picks each next token from the logits (sample_next).
 
     generate(model, idx, 100, temperature=0.8, top_k=200)   # (B, T + 100) token ids
     for token in stream(model, idx, 100): ...               # the next token (B, 1), one at a time
-
-The model knows only forward(); this module decides which positions to feed it, keeps
-the keys and values of those it has seen, and picks each next token from the logits.
 """
-
-import contextlib
 
 import torch
 import torch.nn as nn
@@ -20,10 +15,8 @@ from model import GPT, Block, FeedForward, MultiHeadAttention, fused_attention, 
 class KVCache:
     """Keys and values of every layer for the positions already seen, so that each new token costs one
     position of work. The buffers are max_len long (the most keys a query sees: block_size, or the window)
-    and filled in place; `valid` (B, max_len) marks real tokens and left-padding, None while there is none.
-    Once full, the cache slides: the newest position takes the oldest one's slot (a ring, put back in order
-    only for a step that needs order; past block_size only rope allows sliding). More new positions than
-    fit (a prompt longer than a window) are attended to whole, and the newest kept."""
+    and filled in place. Once full, the cache slides (past block_size only rope allows it); more new
+    positions than fit (a prompt longer than a window) are attended to whole, and the newest kept."""
 
     def __init__(self, n_layer, max_len):
         self.max_len = max_len
@@ -52,9 +45,8 @@ class KVCache:
         held = min(self.length, self.max_len)  # a step that overflowed kept only the newest max_len
         self.layer = 0
         if T == 1 and held == self.max_len and valid is None:
-            # Full, and one real token: it takes the oldest one's slot, and the buffers
-            # become a ring. Its one query sees every key, and softmax does not care in
-            # what order: nothing is copied, where shifting moved every key a place.
+            # Full, and one real token: it takes the oldest one's slot, and the buffers become a ring. Its one
+            # query sees every key, and softmax does not care in what order: nothing is copied, no key moves.
             self.write, self.oldest = self.oldest, (self.oldest + 1) % self.max_len
             self.held, self.length, self.seen = held - 1, held, self.seen + 1
             if self.valid is None:
@@ -63,20 +55,14 @@ class KVCache:
             self.real = self.real + 1
             self.dropped = self.real - self.valid.sum(dim=1, keepdim=True)  # (B, 1)
             return self.valid  # in the buffers' order, as the keys are
-        if self.oldest:  # a step that needs the keys in order, after the ring turned: put them back in order
+        slide = int(T == 1 and held == self.max_len)  # full, and a token that may be padding: the window slides
+        if self.oldest or slide:  # the keys back in order after the ring turned, then one place on if sliding
             for buf in (*self.k, *self.v):
                 if buf is not None:
-                    buf.copy_(buf.roll(-self.oldest, dims=2))
+                    buf.copy_(buf.roll(-self.oldest - slide, dims=2))
             if self.valid is not None:
-                self.valid.copy_(self.valid.roll(-self.oldest, dims=1))
-            self.oldest = 0
-        if T == 1 and held == self.max_len:  # full, and a token that may be padding: slide the window
-            for buf in (*self.k, *self.v):
-                if buf is not None:
-                    buf[:, :, :-1] = buf[:, :, 1:].clone()
-            if self.valid is not None:
-                self.valid[:, :-1] = self.valid[:, 1:].clone()
-            held -= 1
+                self.valid.copy_(self.valid.roll(-self.oldest - slide, dims=1))
+            self.oldest, held = 0, held - slide
         self.held, self.length, self.write = held, held + T, held
         if valid is not None and self.valid is None:
             self.valid = torch.ones(valid.size(0), self.max_len, dtype=torch.bool, device=valid.device)
@@ -114,11 +100,8 @@ def left_pad(rows, device):
     """Prompts of different lengths as one batch: ids (B, T) with the shorter rows padded on the
     left, and valid (B, T) marking the real tokens, or None when no row is padded."""
     T = max(len(ids) for ids in rows)
-    idx = torch.zeros(len(rows), T, dtype=torch.long)
-    valid = torch.zeros(len(rows), T, dtype=torch.bool)
-    for r, ids in enumerate(rows):
-        idx[r, T - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        valid[r, T - len(ids) :] = True
+    idx = torch.tensor([[0] * (T - len(ids)) + list(ids) for ids in rows], dtype=torch.long)
+    valid = torch.tensor([[False] * (T - len(ids)) + [True] * len(ids) for ids in rows])
     return idx.to(device), (None if valid.all() else valid.to(device))
 
 
@@ -136,10 +119,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
     token at a time; without a cache the model reads the last n_layer * (span - 1) + 1 tokens, all the
     newest one depends on when each query sees its span newest keys: both give the same tokens. With
     learned or sinusoidal positions every cached key is wrong once the window moves, so the window jumps,
-    dropping its oldest quarter (one rebuild per block_size/4 tokens), with a cache or without. new_cache
-    makes the caches (n_layer, max_len), for a caller that watches them. Each cached token runs through
-    unrolled_step where the model allows it.
-    """
+    dropping its oldest quarter, with a cache or without. new_cache(n_layer, max_len) makes the caches."""
     block = model.config.block_size
     span = model.config.window or block  # the most keys a query sees
     slides = model.config.pos == "rope"
@@ -171,13 +151,11 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
 
 def unrolled_step(model):
     """model.forward for one new token per row after cached ones, unrolled: (token (B, 1), cache) ->
-    logits (B, 1, V), the same kernels on the same tensors, so the same logits to the bit. A speed trick:
-    one token is little arithmetic, and a pass through the modules spends most of its time in Python
-    around the kernels (a module call ~7 us on a 2-core CPU); here each block's weights are read once and
-    each token runs straight through, 1.46x the tokens/s of forward() for 4 layers of 128 (docs/results.md).
-    It covers the GPT as trained (multi-head dot-product attention in the fused kernel, feed-forward,
-    residual connections, LayerNorm), any positions, rows without padding; else (or a module a caller has
-    hooked or replaced) None, and model.forward runs."""
+    logits (B, 1, V), the same kernels on the same tensors, so the same logits to the bit. One token is
+    little arithmetic, and a pass through the modules spends most of its time in Python around the kernels:
+    this is 1.46x forward()'s tokens/s for 4 layers of 128 (docs/results.md). It covers the GPT as trained
+    (multi-head dot-product attention in the fused kernel, feed-forward, residuals, LayerNorm), any positions,
+    no padding; else, or for a module a caller has hooked or replaced, None: model.forward runs."""
     c = model.config
     full_gpt = (c.mixer, c.score, c.feedforward, c.residual, c.layernorm, c.fused_attention) == (
         "multihead", "dot", True, True, True, True)
@@ -203,10 +181,9 @@ def unrolled_step(model):
         for ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b, gelu in layers:
             h = F.layer_norm(x, (C,), ln1_w, ln1_b, eps)
             qkv = F.linear(h, attn_w, attn_b).view(B, 1, 3, H, C // H).permute(2, 0, 3, 1, 4)  # (3, B, H, 1, hs)
+            q, k, v = qkv.unbind(0)
             if rope is not None:
-                (q, k), v = rotate(qkv[:2], rope).unbind(0), qkv[2]
-            else:
-                q, k, v = qkv.unbind(0)
+                q, k = rotate(qkv[:2], rope).unbind(0)
             k, v = cache.extend(k, v)  # (B, H, S, hs)
             h = fused_attention(q, k, v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
             x = x + F.linear(h, proj_w, proj_b)
@@ -218,26 +195,16 @@ def unrolled_step(model):
     return step
 
 
-@contextlib.contextmanager
 def faster_cpu_kernels(positions):
-    """PyTorch's own CPU kernels instead of oneDNN's where they are the faster: in fp32 at any size
-    (whole forward passes 1.0-1.3x as fast, 4x128 to 12x768, 16 to 1024 positions: on few positions
-    oneDNN's set-up is most of the work, its exact GELU ~8 us a call against ~1.5), and in bf16 for one
-    position (a matmul ~9 us against ~45). bf16 on many positions keeps oneDNN: there it is 5x as fast."""
-    enabled = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = enabled and positions > 1 and torch.is_autocast_enabled("cpu")
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = enabled
+    """PyTorch's own CPU kernels instead of oneDNN's where they are the faster (docs/results.md): in fp32,
+    1.0-1.3x as fast, and in bf16 for one position. bf16 on many positions keeps oneDNN: 5x as fast there."""
+    enabled = torch.backends.mkldnn.enabled and positions > 1 and torch.is_autocast_enabled("cpu")
+    return torch.backends.mkldnn.flags(enabled, deterministic=None, allow_tf32=None, fp32_precision=None)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """logits (B, V) -> token ids (B, 1). Temperature, then top-k, then top-p.
-
-    temperature 0 is greedy. top_k keeps the k most likely tokens; top_p keeps
-    the smallest set whose probabilities add up to at least p (nucleus).
-    """
+    """logits (B, V) -> token ids (B, 1). Temperature (0: greedy), then top_k (the k likeliest tokens),
+    then top_p (the smallest set whose probabilities add up to at least p: nucleus)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float()

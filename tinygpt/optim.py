@@ -1,10 +1,8 @@
 """Muon, the optimizer of the fast recipe for the matrices inside the blocks (train.py gives AdamW the rest).
 
-Muon (https://kellerjordan.github.io/posts/muon/) takes the momentum of a weight matrix's gradient
-and replaces it by the nearest matrix whose singular values are all about 1, so every direction of
-the update moves at the same rate instead of a few large directions dominating. That suits the
-square-ish maps between hidden vectors inside the blocks; embeddings and the output head are
-per-token lookups, and gains and biases are not matrices, so those stay with AdamW.
+Muon (https://kellerjordan.github.io/posts/muon/) replaces the momentum of a weight matrix's gradient by
+the nearest matrix whose singular values are all about 1, so every direction of the update moves at the
+same rate. Embeddings and the head are per-token lookups, and gains and biases are not matrices: AdamW's.
 """
 
 import math
@@ -14,15 +12,10 @@ import torch
 
 
 def orthogonalize(G, coefficients=(3.4445, -4.7750, 2.0315), steps=5, eps=1e-7):
-    """G (N, A, B) -> (N, A, B) in float32: each matrix with its singular values
-    pushed towards 1 by torch.optim.Muon's quintic Newton-Schulz iteration.
-
-    Each step maps X to P X with P = a + b X X^T + c (X X^T)^2, a polynomial in
-    the Gram matrix X X^T. So the steps can run on the small Gram matrix alone
-    and apply their product to X once at the end: for the CPU preset's blocks a
-    quarter fewer FLOPs than stepping X itself (a third for its 128 x 512
-    matrices, a little more for the square ones), 8 ms less per step there.
-    """
+    """G (N, A, B) -> (N, A, B) in float32: each matrix with its singular values pushed towards 1 by
+    torch.optim.Muon's quintic Newton-Schulz iteration. Each step maps X to P X with P = a + b X X^T +
+    c (X X^T)^2, a polynomial in the Gram matrix X X^T, so the steps run on the small Gram matrix alone and
+    apply their product to X once at the end: a quarter fewer FLOPs for the CPU preset (docs/results.md)."""
     a, b, c = coefficients
     X = G.float()
     tall = X.size(-2) > X.size(-1)
@@ -42,15 +35,11 @@ def orthogonalize(G, coefficients=(3.4445, -4.7750, 2.0315), steps=5, eps=1e-7):
 
 
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon with its Newton-Schulz iteration in float32 (TF32 on a GPU), all the matrices
-    of one shape in one batched iteration, on every device.
-
-    torch's iterates one matrix at a time in bfloat16: on a GPU one launch after another (the fast
-    preset's step took 2x the reference's on an H200), on a CPU slow (~15x float32's time without
-    native bf16 matmuls, 1.7x with them). The Gram form of orthogonalize needs float32's precision:
-    in bfloat16 a square matrix's update came out 13% off. Same hyperparameters, same state (a
-    momentum buffer per matrix) and the same update to within bf16 precision: tests/test_optim.py.
-    """
+    """torch.optim.Muon with its Newton-Schulz iteration in float32 (TF32 on a GPU), all the matrices of one
+    shape in one batched iteration. torch's iterates one matrix at a time in bfloat16: on a GPU one launch
+    after another, on a CPU slow (docs/results.md); and orthogonalize's Gram form in bfloat16 put a square
+    matrix's update 13% off. Same hyperparameters, same state (a momentum buffer per matrix) and the same
+    update to within bf16 precision: tests/test_optim.py."""
 
     @torch.no_grad()
     def step(self):
@@ -69,10 +58,8 @@ class Muon(torch.optim.Muon):
                 torch._foreach_lerp_(bufs, grads, 1 - momentum)
                 updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
                 ortho = orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"])
-                if group["adjust_lr_fn"] == "match_rms_adamw":
-                    scale = 0.2 * math.sqrt(max(A, B))  # the update's RMS becomes AdamW's typical 0.2
-                else:
-                    scale = math.sqrt(max(1, A / B))  # torch's "original"
+                match_adamw = group["adjust_lr_fn"] == "match_rms_adamw"  # the update's RMS: AdamW's typical 0.2
+                scale = 0.2 * math.sqrt(max(A, B)) if match_adamw else math.sqrt(max(1, A / B))  # torch's "original"
                 torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
                 torch._foreach_add_(params, ortho.to(params[0].dtype).unbind(), alpha=-lr * scale)
 

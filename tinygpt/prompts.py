@@ -1,11 +1,5 @@
 """Text in and out of a model: prompts read from the command line or a file (sample.py, tinygpt.score),
-checked against the tokenizer and encoded; generated tokens back to text as they come (sample.py).
-
-A character the tokenizer lacks is an error naming each one and where it is (file, line, column), or
-with --unknown=skip dropped with a warning; a prompt typed in the other Unicode form (an accent as a
-separate mark, as macOS may write it) is read in the form the model knows. Generated text waits while
-a BPE token ends inside a character, and while it could begin a stop sequence (--stop), not printed.
-"""
+checked against the tokenizer and encoded; generated tokens back to text as they come (sample.py)."""
 
 import re
 import sys
@@ -98,10 +92,9 @@ def unescape(text):
 
 
 class TextStream:
-    """Turns one row's generated tokens into text. Tokens wait, and are decoded together,
-    while their text ends in an incomplete character. Text waits while its end could
-    begin a stop sequence; once one appears, the text before it is the last, and
-    `stopped` is set. A stop sequence may span tokens, and may end inside one."""
+    """Turns one row's generated tokens into text. Tokens wait, and are decoded together, while their text
+    ends in an incomplete character. Text waits while its end could begin a stop sequence; once one appears,
+    the text before it is the last, and `stopped` is set. A stop sequence may span tokens, and end inside one."""
 
     def __init__(self, tokenizer, stops=()):
         self.tokenizer = tokenizer
@@ -133,9 +126,7 @@ class TextStream:
         return text[: len(text) - keep]
 
     def flush(self):
-        """The rest of the text, at the end of a sample that met no stop sequence."""
-        if self.stopped:
-            return ""
+        """The rest of the text, at the end of a sample: nothing once stopped, as nothing is pending or held."""
         text, self.pending = self.release(self.tokenizer.decode(self.pending)), []
         text, self.held = text + self.held, ""
         return text

@@ -1,15 +1,9 @@
-"""Reading the text files a user gives prepare.py, so that a bad one is one clear error line.
-
-    read_chunks           a UTF-8 file piece by piece: a NUL byte or invalid UTF-8 named with its offset
-    input_files           the files named, a directory standing for its *.txt
-    spool                 a pipe or FIFO copied to a regular file, to be read twice
-    download_shakespeare  Tiny Shakespeare, fetched once and checked by its sha256
-"""
+"""Reading the text files a user gives prepare.py (or Tiny Shakespeare, downloaded), so that a bad one is one
+clear error line."""
 
 import codecs
 import hashlib
 import stat
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -25,10 +19,9 @@ CHUNK_BYTES = 1 << 23  # read and encode 8 MiB at a time
 
 
 def read_chunks(path, hasher=None, bar=None, shown=None):
-    """Yields the text of a UTF-8 file piece by piece, checking it on the way: the
-    UserError for a NUL byte or invalid UTF-8 gives its offset in the file, also when
-    a character's bytes are split between two reads. shown: the file's name in messages
-    (that of the pipe a spooled copy came from)."""
+    """Yields the text of a UTF-8 file piece by piece, checking it on the way: the UserError for a NUL byte or
+    invalid UTF-8 gives its offset in the file, also when a character's bytes are split between two reads.
+    shown: the file's name in messages (that of the pipe a spooled copy came from)."""
     shown = Path(shown or path)
     try:
         f = open(path, "rb")
@@ -65,29 +58,25 @@ def decode(decoder, data, offset, path, final=False):
                         "convert it, e.g. iconv -f latin1 -t utf-8") from None
 
 
-def spool(path, dest):
-    """Copies a pipe, FIFO or /proc file (which says its size is 0, and may be read only
-    once) to the regular file dest, to be read like any other input."""
-    try:
-        src = open(path, "rb")
-    except OSError as e:
-        raise UserError(f"cannot read input file {path} ({e.strerror}); pass a readable text file") from None
-    with src, open(dest, "wb") as out:
-        while data := src.read(CHUNK_BYTES):
-            if b"\x00" in data:  # /dev/urandom, say, which would fill the disk
-                raise UserError(f"input file {path} looks binary (a NUL byte); pass a text file")
-            out.write(data)
-    return dest
-
-
 def regular_files(files, stage):
-    """(files, shown): each pipe, FIFO or /proc file among files spooled to a regular file in the
-    directory stage, to be read twice; shown maps each copy to the name it came from."""
+    """(files, shown): each pipe, FIFO or /proc file among files (which may be read only once, and a /proc
+    file says its size is 0) copied to a regular file in the directory stage, to be read twice; shown maps
+    each copy to the name it came from."""
     files, shown = list(files), {}
     for i, path in enumerate(files):
-        if not stat.S_ISREG(path.stat().st_mode):
-            files[i] = spool(path, stage / f"input{i}.spooled")
-            shown[files[i]] = path
+        if stat.S_ISREG(path.stat().st_mode):
+            continue
+        try:
+            src = open(path, "rb")
+        except OSError as e:
+            raise UserError(f"cannot read input file {path} ({e.strerror}); pass a readable text file") from None
+        files[i] = stage / f"input{i}.spooled"
+        shown[files[i]] = path
+        with src, open(files[i], "wb") as out:
+            while data := src.read(CHUNK_BYTES):
+                if b"\x00" in data:  # /dev/urandom, say, which would fill the disk
+                    raise UserError(f"input file {path} looks binary (a NUL byte); pass a text file")
+                out.write(data)
     return files, shown
 
 
@@ -109,9 +98,8 @@ def input_files(inputs):
 
 def is_shakespeare(path):
     """Whether path is Tiny Shakespeare itself (only files of its size are hashed)."""
-    if path.stat().st_size != SHAKESPEARE_BYTES:
-        return False
-    return hashlib.sha256(path.read_bytes()).hexdigest() == SHAKESPEARE_SHA256
+    size_matches = path.stat().st_size == SHAKESPEARE_BYTES
+    return size_matches and hashlib.sha256(path.read_bytes()).hexdigest() == SHAKESPEARE_SHA256
 
 
 def download_shakespeare(url, dest):
@@ -122,7 +110,7 @@ def download_shakespeare(url, dest):
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
             data = response.read()
-    except (urllib.error.URLError, OSError) as e:
+    except OSError as e:  # URLError is one
         reason = getattr(e, "reason", e)
         raise UserError(
             f"could not download Tiny Shakespeare from {url} ({reason}); "

@@ -1,16 +1,12 @@
-"""The tokenizers prepare.py can write data with, and how to rebuild one from meta.json.
-
-    char      one token per character of the text; the default
-    tiktoken  byte-level BPE: gpt2, r50k_base, cl100k_base, o200k_base, or any
-              encoding a tiktoken plugin package registers
-
-Both turn text into ids (`encode`, `encode_array` for long texts) and back
-(`decode`), and say which characters they cannot encode (`unknown`).
-"""
+"""The tokenizers prepare.py can write data with: char (one token per character, the default) and tiktoken's
+byte-level BPE (gpt2, r50k_base, cl100k_base, o200k_base, or any encoding a tiktoken plugin registers).
+Both turn text into ids (`encode`, `encode_array` for long texts) and back (`decode`), and say which
+characters they cannot encode (`unknown`); tokenizer_from_meta rebuilds one from meta.json."""
 
 import difflib
 import re
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 import tiktoken
@@ -18,10 +14,9 @@ import tiktoken
 from config import UserError
 
 END_OF_TEXT = "<|endoftext|>"
-# Where to cut a long text: just before a space, or just after a newline, between two
-# non-space characters. The split patterns of tiktoken's own encodings (gpt2 to o200k)
-# never match across such a point, so the pieces encode to the ids of the whole text.
-# (With another encoding only the ids at a cut may differ; decoding is unaffected.)
+# Where to cut a long text: just before a space, or just after a newline, between two non-space characters.
+# The split patterns of tiktoken's own encodings (gpt2 to o200k) never match across such a point, so the
+# pieces encode to the ids of the whole text (another encoding's may differ at a cut, and decode the same).
 _CUT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
 
 
@@ -114,19 +109,17 @@ class TiktokenTokenizer:
         # Text that looks like a special token stays text: data cannot forge an end-of-text.
         return self.encoding.encode_ordinary(text)
 
-    def _encode_piece(self, text):
-        return self.encoding.encode_to_numpy(text, disallowed_special=())  # no Python list in between
-
     def encode_array(self, text, threads=1):
-        """encode() as a uint32 array; `threads` pieces, cut where the ids do not change, are encoded at
-        once (tiktoken releases the GIL). Not encode_ordinary_batch, whose lists of ints took prepare.py's
-        BPE from 26 to 15 MB/s and 294 to 375 MiB (bench/prepare_speed.py, 50 MB)."""
+        """encode() as a uint32 array; `threads` pieces, cut where the ids do not change, are encoded at once
+        (tiktoken releases the GIL). Not encode_ordinary_batch, whose lists of ints took prepare.py's BPE
+        from 26 to 15 MB/s and 294 to 375 MiB (docs/results.md)."""
+        encode = partial(self.encoding.encode_to_numpy, disallowed_special=())  # no Python list in between
         bounds = [0] + [cut_point(text, len(text) * k // threads) for k in range(1, threads)] + [len(text)]
         pieces = [text[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
         if len(pieces) < 2:
-            return self._encode_piece(text)
+            return encode(text)
         with ThreadPoolExecutor(len(pieces)) as pool:
-            return np.concatenate(list(pool.map(self._encode_piece, pieces)))
+            return np.concatenate(list(pool.map(encode, pieces)))
 
     def decode(self, ids):
         return self.encoding.decode([int(i) for i in ids])
