@@ -322,9 +322,7 @@ def load(init_from):
     if n != config.real_vocab_size:
         raise UserError(f"{init_from} has a vocabulary of {config.real_vocab_size} tokens and {vocab} {n}; only "
                         "models with GPT-2's vocabulary, or the characters of their tokenizer.json, load here")
-    tensors = gpt2.read_weights(directory)
-    state = neox_state(tensors, config, init_from) if kind == "gpt_neox" else gpt2.gpt_state(tensors, config, init_from)
-    return config, state, meta
+    return config, gpt_state(gpt2.read_weights(directory), config, kind, init_from), meta
 
 
 def read_json(path):
@@ -378,27 +376,35 @@ def neox_config(hf, source):
         raise UserError(f"{source}: config.json does not describe a GPT-NeoX ({type(e).__name__}: {e})") from None
 
 
-def neox_state(tensors, config, source):
-    """model.GPT's state dict for config from GPT-NeoX's tensors: hf_state, undone."""
-    with torch.device("meta"):
+def gpt_state(tensors, config, arch, source):
+    """model.GPT's state dict for config from arch's tensors: hf_state, undone, the vocabulary's rows padded again."""
+    if arch == "gpt2":  # OpenAI's files name their tensors without transformer. and keep the causal mask as a buffer
+        tensors = {("" if n.startswith(("transformer.", "lm_head.")) else "transformer.") + n: t
+                   for n, t in tensors.items() if not n.endswith((".attn.bias", ".attn.masked_bias"))}
+    with torch.device("meta"):  # the names and shapes, without allocating the weights
         expected = GPT(config).state_dict()
     state = {}
     for name, like in expected.items():
         if name == "lm_head.weight" and config.tie_weights:
             state[name] = state["wte.weight"]
             continue
-        tensor = tensors.get(hf_name(name, "gpt_neox"))
-        if tensor is None:
-            raise UserError(f"{source} has no weights for {hf_name(name, 'gpt_neox')}; export the model again")
-        if ".c_attn." in name:
+        theirs = hf_name(name, arch)
+        if theirs not in tensors:
+            fix = gpt2.AGAIN if arch == "gpt2" else "export the model again"
+            raise UserError(f"{source} has no weights for {theirs}; {fix}")
+        tensor = tensors[theirs]
+        if arch == "gpt2" and name.endswith(gpt2.CONV1D):
+            tensor = tensor.t()
+        if arch == "gpt_neox" and ".c_attn." in name:
             tensor = neox_heads(tensor, config.n_head, inverse=True)
         if name in VOCAB_ROWS:  # padded to the embedding's round size: padding tokens never occur
             tensor = torch.cat([tensor, tensor.new_zeros(max(like.size(0) - tensor.size(0), 0), *tensor.shape[1:])])
         if tensor.shape != like.shape:
-            raise UserError(f"{source}: {hf_name(name, 'gpt_neox')} is {tuple(tensor.shape)}, config.json says "
-                            f"{tuple(like.shape)}")
+            raise UserError(f"{source}: {theirs} is {tuple(tensor.shape)}, config.json says {tuple(like.shape)}")
         state[name] = tensor.float().contiguous()
-    unexpected = sorted(set(tensors) - {hf_name(name, "gpt_neox") for name in expected})
+    unexpected = sorted(set(tensors) - {hf_name(name, arch) for name in expected})
+    if unexpected and arch == "gpt2":
+        raise UserError(f"{source} has weights GPT-2 has not ({unexpected[0]}, ...); only GPT-2 models load here")
     if unexpected:  # a config.json that says fewer layers (or no bias) than the weights hold
         raise UserError(f"{source} has weights its config.json has not ({unexpected[0]}, ...): config.json was edited "
                         "after the export; export the model again")

@@ -154,45 +154,6 @@ def gpt_config(hf, source):
         raise UserError(f"{source}: config.json does not describe a GPT-2 ({type(e).__name__}: {e})") from None
 
 
-def gpt_name(hf_name):
-    """Hugging Face's tensor name -> model.GPT's: h.3.attn.c_attn.weight -> blocks.3.mixer.c_attn.weight."""
-    name = hf_name.removeprefix("transformer.")
-    if name.startswith("h."):
-        name = "blocks." + name[2:].replace(".attn.", ".mixer.", 1).replace(".mlp.", ".ffwd.", 1)
-    return name
-
-
-def gpt_state(hf_state, config, source):
-    """model.GPT's state dict for config from GPT-2's tensors: renamed, Conv1D matrices
-    transposed, and the token rows padded to the embedding's round size with zeros
-    (padding tokens never occur, and their logits are cut off)."""
-    with torch.device("meta"):  # the names and shapes, without allocating the weights
-        expected = GPT(config).state_dict()
-    state = {}
-    for hf_name, tensor in hf_state.items():
-        if hf_name.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # older files store the causal mask as a buffer; model.py builds its own
-        name = gpt_name(hf_name)
-        if name == "lm_head.weight" and config.tie_weights:
-            continue  # the same matrix as wte
-        if name.endswith(CONV1D):
-            tensor = tensor.t()
-        if name in ("wte.weight", "lm_head.weight"):
-            tensor = torch.cat([tensor, tensor.new_zeros(config.vocab_size - tensor.size(0), tensor.size(1))])
-        state[name] = tensor.float().contiguous()
-    if config.tie_weights:
-        state["lm_head.weight"] = state.get("wte.weight")
-    for name, tensor in expected.items():
-        if state.get(name) is None:
-            raise UserError(f"{source} has no weights for {name}; {AGAIN}")
-        if state[name].shape != tensor.shape:
-            raise UserError(f"{source}: {name} is {tuple(state[name].shape)}, config.json says {tuple(tensor.shape)}")
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        raise UserError(f"{source} has weights GPT-2 has not ({unexpected[0]}, ...); only GPT-2 models load here")
-    return state
-
-
 def build(config, state):
     """model.GPT holding state, in eval mode, without first filling a random model as large (on the meta device);
     rotary and sinusoidal positions are built on the CPU, where their buffers, computed, not loaded, are made."""
