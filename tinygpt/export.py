@@ -4,16 +4,11 @@
     python -m tinygpt.export --out_dir=out/notes_char --to=exports/notes_onnx --format=onnx
     python sample.py --init_from=exports/notes --start="ROMEO:"                             # and back
 
-hf    config.json, generation_config.json, model.safetensors, tokenizer.json and tokenizer_config.json,
-      for transformers' AutoModelForCausalLM and AutoTokenizer. Learned positions make a GPT-2
-      (GPT2LMHeadModel), rotary ones a GPT-NeoX (GPTNeoXForCausalLM, one residual after another,
-      the whole head turned): each computes what model.GPT computes, to float rounding.
-onnx  model.onnx, ids (batch, seq) in and logits (batch, seq, vocab) out, seq up to block_size;
-      tokenizer.json beside it.
+hf    for transformers: learned positions make a GPT-2, rotary ones a GPT-NeoX, each computing what model.GPT does
+onnx  model.onnx, ids (batch, seq) in and logits (batch, seq, vocab) out, seq up to block_size
 
-Both take the full GPT of model.py; a switch that neither architecture has is refused, never
-approximated. Optional packages: safetensors (hf; transformers too for BPE's tokenizer), onnx and
-onnxscript (onnx). What each holds and how to load it: docs/export.md.
+Both write a tokenizer.json and take the full GPT of model.py; a switch that neither architecture has is refused,
+never approximated. What each holds, the optional packages it needs and how to load it: docs/export.md.
 """
 
 from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
@@ -100,8 +95,7 @@ def main(argv):
 
 
 def check_paths(cfg):
-    """--to as a Path, or a UserError for a target that is missing, a file, or there (without --overwrite), or an
-    --out_dir that is a file."""
+    """--to as a Path, or a UserError for a target or --out_dir that cannot be used."""
     if not cfg.to:
         raise UserError("no target: pass --to=DIR, the directory to write the model to")
     if Path(cfg.out_dir).is_file():
@@ -351,7 +345,7 @@ def neox_config(hf, source):
     """The GPTConfig of a GPT-NeoX config.json, or a UserError for what model.GPT cannot compute."""
     gpt2.check_sizes(hf, NEOX_SIZES, source)
     rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
-    n_embd = hf.get("hidden_size")
+    n_embd = hf["hidden_size"]
     unlike = {  # model.py's: sequential residuals, every channel turned at rope_frequencies' rates, 4x MLP
         "use_parallel_residual": hf.get("use_parallel_residual", True),
         "attention_bias": hf.get("attention_bias", True) is not True,  # without, no bias tensors to read
@@ -359,7 +353,7 @@ def neox_config(hf, source):
         "rope_theta": rope.get("rope_theta", hf.get("rotary_emb_base", ROPE_BASE)) != ROPE_BASE,
         "rope_type": rope.get("rope_type", "default") != "default",
         "hidden_act": str(hf.get("hidden_act", "gelu")) not in gpt2.GELU,
-        "intermediate_size": not isinstance(n_embd, int) or hf.get("intermediate_size") != 4 * n_embd,
+        "intermediate_size": hf.get("intermediate_size") != 4 * n_embd,
         "layer_norm_eps": hf.get("layer_norm_eps", LAYERNORM_EPS) != LAYERNORM_EPS,
     }
     for key, bad in unlike.items():
