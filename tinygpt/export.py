@@ -4,16 +4,11 @@
     python -m tinygpt.export --out_dir=out/notes_char --to=exports/notes_onnx --format=onnx
     python sample.py --init_from=exports/notes --start="ROMEO:"                             # and back
 
-hf    config.json, generation_config.json, model.safetensors, tokenizer.json and tokenizer_config.json,
-      for transformers' AutoModelForCausalLM and AutoTokenizer. Learned positions make a GPT-2
-      (GPT2LMHeadModel), rotary ones a GPT-NeoX (GPTNeoXForCausalLM, one residual after another,
-      the whole head turned): each computes what model.GPT computes, to float rounding.
-onnx  model.onnx, ids (batch, seq) in and logits (batch, seq, vocab) out, seq up to block_size;
-      tokenizer.json beside it.
+hf    for transformers: learned positions make a GPT-2, rotary ones a GPT-NeoX, each computing what model.GPT does
+onnx  model.onnx, ids (batch, seq) in and logits (batch, seq, vocab) out, seq up to block_size
 
-Both take the full GPT of model.py; a switch that neither architecture has is refused, never
-approximated. Optional packages: safetensors (hf; transformers too for BPE's tokenizer), onnx and
-onnxscript (onnx). What each holds and how to load it: docs/export.md.
+Both write a tokenizer.json and take the full GPT of model.py; a switch that neither architecture has is refused,
+never approximated. What each holds, the optional packages it needs and how to load it: docs/export.md.
 """
 
 from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
@@ -100,8 +95,7 @@ def main(argv):
 
 
 def check_paths(cfg):
-    """--to as a Path, or a UserError for a target that is missing, a file, or there (without --overwrite), or an
-    --out_dir that is a file."""
+    """--to as a Path, or a UserError for a target or --out_dir that cannot be used."""
     if not cfg.to:
         raise UserError("no target: pass --to=DIR, the directory to write the model to")
     if Path(cfg.out_dir).is_file():
@@ -322,9 +316,7 @@ def load(init_from):
     if n != config.real_vocab_size:
         raise UserError(f"{init_from} has a vocabulary of {config.real_vocab_size} tokens and {vocab} {n}; only "
                         "models with GPT-2's vocabulary, or the characters of their tokenizer.json, load here")
-    tensors = gpt2.read_weights(directory)
-    state = neox_state(tensors, config, init_from) if kind == "gpt_neox" else gpt2.gpt_state(tensors, config, init_from)
-    return config, state, meta
+    return config, gpt_state(gpt2.read_weights(directory), config, kind, init_from), meta
 
 
 def read_json(path):
@@ -353,7 +345,7 @@ def neox_config(hf, source):
     """The GPTConfig of a GPT-NeoX config.json, or a UserError for what model.GPT cannot compute."""
     gpt2.check_sizes(hf, NEOX_SIZES, source)
     rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
-    n_embd = hf.get("hidden_size")
+    n_embd = hf["hidden_size"]
     unlike = {  # model.py's: sequential residuals, every channel turned at rope_frequencies' rates, 4x MLP
         "use_parallel_residual": hf.get("use_parallel_residual", True),
         "attention_bias": hf.get("attention_bias", True) is not True,  # without, no bias tensors to read
@@ -361,7 +353,7 @@ def neox_config(hf, source):
         "rope_theta": rope.get("rope_theta", hf.get("rotary_emb_base", ROPE_BASE)) != ROPE_BASE,
         "rope_type": rope.get("rope_type", "default") != "default",
         "hidden_act": str(hf.get("hidden_act", "gelu")) not in gpt2.GELU,
-        "intermediate_size": not isinstance(n_embd, int) or hf.get("intermediate_size") != 4 * n_embd,
+        "intermediate_size": hf.get("intermediate_size") != 4 * n_embd,
         "layer_norm_eps": hf.get("layer_norm_eps", LAYERNORM_EPS) != LAYERNORM_EPS,
     }
     for key, bad in unlike.items():
@@ -378,27 +370,35 @@ def neox_config(hf, source):
         raise UserError(f"{source}: config.json does not describe a GPT-NeoX ({type(e).__name__}: {e})") from None
 
 
-def neox_state(tensors, config, source):
-    """model.GPT's state dict for config from GPT-NeoX's tensors: hf_state, undone."""
-    with torch.device("meta"):
+def gpt_state(tensors, config, arch, source):
+    """model.GPT's state dict for config from arch's tensors: hf_state, undone, the vocabulary's rows padded again."""
+    if arch == "gpt2":  # OpenAI's files name their tensors without transformer. and keep the causal mask as a buffer
+        tensors = {("" if n.startswith(("transformer.", "lm_head.")) else "transformer.") + n: t
+                   for n, t in tensors.items() if not n.endswith((".attn.bias", ".attn.masked_bias"))}
+    with torch.device("meta"):  # the names and shapes, without allocating the weights
         expected = GPT(config).state_dict()
     state = {}
     for name, like in expected.items():
         if name == "lm_head.weight" and config.tie_weights:
             state[name] = state["wte.weight"]
             continue
-        tensor = tensors.get(hf_name(name, "gpt_neox"))
-        if tensor is None:
-            raise UserError(f"{source} has no weights for {hf_name(name, 'gpt_neox')}; export the model again")
-        if ".c_attn." in name:
+        theirs = hf_name(name, arch)
+        if theirs not in tensors:
+            fix = gpt2.AGAIN if arch == "gpt2" else "export the model again"
+            raise UserError(f"{source} has no weights for {theirs}; {fix}")
+        tensor = tensors[theirs]
+        if arch == "gpt2" and name.endswith(gpt2.CONV1D):
+            tensor = tensor.t()
+        if arch == "gpt_neox" and ".c_attn." in name:
             tensor = neox_heads(tensor, config.n_head, inverse=True)
         if name in VOCAB_ROWS:  # padded to the embedding's round size: padding tokens never occur
             tensor = torch.cat([tensor, tensor.new_zeros(max(like.size(0) - tensor.size(0), 0), *tensor.shape[1:])])
         if tensor.shape != like.shape:
-            raise UserError(f"{source}: {hf_name(name, 'gpt_neox')} is {tuple(tensor.shape)}, config.json says "
-                            f"{tuple(like.shape)}")
+            raise UserError(f"{source}: {theirs} is {tuple(tensor.shape)}, config.json says {tuple(like.shape)}")
         state[name] = tensor.float().contiguous()
-    unexpected = sorted(set(tensors) - {hf_name(name, "gpt_neox") for name in expected})
+    unexpected = sorted(set(tensors) - {hf_name(name, arch) for name in expected})
+    if unexpected and arch == "gpt2":
+        raise UserError(f"{source} has weights GPT-2 has not ({unexpected[0]}, ...); only GPT-2 models load here")
     if unexpected:  # a config.json that says fewer layers (or no bias) than the weights hold
         raise UserError(f"{source} has weights its config.json has not ({unexpected[0]}, ...): config.json was edited "
                         "after the export; export the model again")

@@ -4,11 +4,10 @@
     python train.py config/finetune_shakespeare_gpt2.toml       # fine-tunes gpt2
     python -m tinygpt.score --init_from=/models/gpt2 --input=notes.txt   # config.json + model.safetensors
 
-GPT-2 is the GPT of model.py with its switches set: biases, learned positions
-over 1024 tokens, a tied head, and the tanh approximation of GELU. Its text goes
-through tiktoken's gpt2 encoding. Weights are read from safetensors (or from a
-pytorch_model.bin with torch.load(weights_only=True)): tensors, never code.
-Downloading needs the optional packages huggingface_hub and safetensors.
+GPT-2 is the GPT of model.py with its switches set: biases, learned positions over 1024 tokens, a tied head, and
+the tanh approximation of GELU. Its text goes through tiktoken's gpt2 encoding. Weights are read from safetensors
+(or from a pytorch_model.bin with torch.load(weights_only=True)): tensors, never code. Downloading needs the
+optional packages huggingface_hub and safetensors.
 """
 
 import contextlib
@@ -116,8 +115,7 @@ SIZE_FIELDS = {"n_layer": 256, "n_head": 256, "n_embd": 1 << 16, "n_positions": 
 
 
 def check_sizes(hf, limits, source):
-    """A UserError unless config.json (hf) is an object whose sizes named in limits are each a whole number from 1
-    to its limit: checked before anything that size is made."""
+    """A UserError unless config.json (hf) is an object whose sizes in limits are each from 1 to their limit."""
     if not isinstance(hf, dict):
         raise UserError(f"{source}: config.json holds a JSON {type(hf).__name__}, not an object; get the model again")
     for key, most in limits.items():
@@ -128,14 +126,14 @@ def check_sizes(hf, limits, source):
 
 def gpt_config(hf, source):
     """The GPTConfig of a Hugging Face GPT-2 config.json, or a UserError for what GPT can not be."""
-    check_sizes(hf, SIZE_FIELDS, source)
-    if hf["n_embd"] % hf["n_head"]:
-        raise UserError(f"{source}: config.json's n_embd ({hf['n_embd']}) is not a multiple of n_head ({hf['n_head']})")
+    check_sizes(hf, SIZE_FIELDS, source)  # before anything that size is made
     n_embd = hf["n_embd"]
+    if n_embd % hf["n_head"]:
+        raise UserError(f"{source}: config.json's n_embd ({n_embd}) is not a multiple of n_head ({hf['n_head']})")
     unsupported = {
         "model_type": hf.get("model_type") != "gpt2",
         "activation_function": str(hf.get("activation_function", "gelu_new")) not in GELU,
-        "n_inner": hf.get("n_inner") not in (None, 4 * (n_embd or 0)),
+        "n_inner": hf.get("n_inner") not in (None, 4 * n_embd),
         "layer_norm_epsilon": hf.get("layer_norm_epsilon", 1e-5) != 1e-5,  # nn.LayerNorm's
         "scale_attn_weights": not hf.get("scale_attn_weights", True),
         "scale_attn_by_inverse_layer_idx": hf.get("scale_attn_by_inverse_layer_idx", False),
@@ -144,53 +142,14 @@ def gpt_config(hf, source):
     for key, bad in unsupported.items():
         if bad:
             raise UserError(f"{source}: {key} {hf.get(key)!r} is not GPT-2's; only GPT-2 models load here")
+    vocab_size = hf["vocab_size"]
     try:
-        vocab_size = hf["vocab_size"]
         return GPTConfig(vocab_size=padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
                          block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=n_embd,
                          dropout=0.0, bias=True, pos="learned", tie_weights=hf.get("tie_word_embeddings", True),
                          gelu=GELU[hf.get("activation_function", "gelu_new")])
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{source}: config.json does not describe a GPT-2 ({type(e).__name__}: {e})") from None
-
-
-def gpt_name(hf_name):
-    """Hugging Face's tensor name -> model.GPT's: h.3.attn.c_attn.weight -> blocks.3.mixer.c_attn.weight."""
-    name = hf_name.removeprefix("transformer.")
-    if name.startswith("h."):
-        name = "blocks." + name[2:].replace(".attn.", ".mixer.", 1).replace(".mlp.", ".ffwd.", 1)
-    return name
-
-
-def gpt_state(hf_state, config, source):
-    """model.GPT's state dict for config from GPT-2's tensors: renamed, Conv1D matrices
-    transposed, and the token rows padded to the embedding's round size with zeros
-    (padding tokens never occur, and their logits are cut off)."""
-    with torch.device("meta"):  # the names and shapes, without allocating the weights
-        expected = GPT(config).state_dict()
-    state = {}
-    for hf_name, tensor in hf_state.items():
-        if hf_name.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # older files store the causal mask as a buffer; model.py builds its own
-        name = gpt_name(hf_name)
-        if name == "lm_head.weight" and config.tie_weights:
-            continue  # the same matrix as wte
-        if name.endswith(CONV1D):
-            tensor = tensor.t()
-        if name in ("wte.weight", "lm_head.weight"):
-            tensor = torch.cat([tensor, tensor.new_zeros(config.vocab_size - tensor.size(0), tensor.size(1))])
-        state[name] = tensor.float().contiguous()
-    if config.tie_weights:
-        state["lm_head.weight"] = state.get("wte.weight")
-    for name, tensor in expected.items():
-        if state.get(name) is None:
-            raise UserError(f"{source} has no weights for {name}; {AGAIN}")
-        if state[name].shape != tensor.shape:
-            raise UserError(f"{source}: {name} is {tuple(state[name].shape)}, config.json says {tuple(tensor.shape)}")
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        raise UserError(f"{source} has weights GPT-2 has not ({unexpected[0]}, ...); only GPT-2 models load here")
-    return state
 
 
 def build(config, state):

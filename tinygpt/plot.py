@@ -163,28 +163,18 @@ def attention_weights(model, idx):
     if not mixers or mixers[0] is None:
         raise UserError(f"this model's positions do not communicate (n_layer {model.config.n_layer}, mixer "
                         f"{model.config.mixer!r}), so it has no attention to draw")
-    T = idx.size(1)
-    for mixer in mixers:
-        if isinstance(mixer, MultiHeadAttention):
-            mixer.keep_weights = True  # the written-out path, which keeps its weights
+    attentions = [mixer for mixer in mixers if isinstance(mixer, MultiHeadAttention)]
+    for mixer in attentions:
+        mixer.keep_weights = True  # the written-out path, which keeps its weights
     try:
         model(idx)
     finally:
-        for mixer in mixers:
-            if isinstance(mixer, MultiHeadAttention):
-                mixer.keep_weights = False
-    layers = []
-    for mixer in mixers:
-        if isinstance(mixer, CausalAverage):  # fixed weights: 1/(t+1) on each visible key
-            mask = tril_mask(T, T).float()  # (T, T)
-            layers.append((mask / mask.sum(-1, keepdim=True))[None])  # (1, T, T)
-        else:
-            layers.append(mixer.weights[0].float())  # (H, T, T), or (1, T, T) for one Head
-    return torch.stack(layers).cpu()  # (L, H, T, T)
-
-
-def token_labels(tokenizer, ids):
-    return [SHOWN.get(text, text) for text in (tokenizer.decode([i]) for i in ids)]
+        for mixer in attentions:
+            mixer.keep_weights = False
+    mask = tril_mask(idx.size(1), idx.size(1)).float()  # (T, T)
+    average = (mask / mask.sum(-1, keepdim=True))[None]  # (1, T, T): causal averaging's fixed 1/(t+1) per key
+    layers = [average if isinstance(mixer, CausalAverage) else mixer.weights[0].float() for mixer in mixers]
+    return torch.stack(layers).cpu()  # (L, H, T, T), H = 1 for one Head or an average
 
 
 def draw_attention(plt, weights, labels, title=""):
@@ -245,7 +235,8 @@ def run_attention(run, cfg):
         raise UserError(f"--prompt is {len(ids)} tokens, longer than the model's block_size "
                         f"{model.config.block_size} in {run}; shorten it")
     weights = attention_weights(model, torch.tensor([ids]))  # (L, H, T, T)
-    return weights, token_labels(tokenizer, ids), f"{path}: {describe_model(model.config)}"
+    labels = [SHOWN.get(text, text) for text in (tokenizer.decode([i]) for i in ids)]
+    return weights, labels, f"{path}: {describe_model(model.config)}"
 
 
 def plot_attention(cfg):
@@ -257,9 +248,8 @@ def plot_attention(cfg):
     runs = [run_attention(run, cfg) for run in cfg.out_dir]
     plt = pyplot()
     if len(runs) == 1:
-        weights, labels, title = runs[0]
-        fig, _ = draw_attention(plt, weights, labels, f"attention of {title} on {cfg.prompt[:60]!r}")
-        return fig
+        [(weights, labels, title)] = runs
+        return draw_attention(plt, weights, labels, f"attention of {title} on {cfg.prompt[:60]!r}")[0]
     rows = max(w.size(0) for w, _, _ in runs)
     cell = heatmap_inches(rows, max(w.size(1) for w, _, _ in runs))
     widths = [w.size(1) * cell + 1.2 for w, _, _ in runs]
