@@ -43,7 +43,7 @@ NAMES = {
 }
 CLASSES = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
 VOCAB_ROWS = ("wte.weight", "lm_head.weight")
-ROPE_BASE = 10000.0  # tinygpt/positions.py's rope_frequencies
+ROPE_BASE = 10000.0  # model.py's rope_rates' base
 LAYERNORM_EPS = 1e-5  # nn.LayerNorm's, which model.py keeps
 ACTIVATIONS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}  # transformers' names for F.gelu's two
 EXPORTED = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -346,7 +346,7 @@ def neox_config(hf, source):
     gpt2.check_sizes(hf, NEOX_SIZES, source)
     rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
     n_embd = hf["hidden_size"]
-    unlike = {  # model.py's: sequential residuals, every channel turned at rope_frequencies' rates, 4x MLP
+    unlike = {  # model.py's: sequential residuals, every channel turned at rope_rates', 4x MLP
         "use_parallel_residual": hf.get("use_parallel_residual", True),
         "attention_bias": hf.get("attention_bias", True) is not True,  # without, no bias tensors to read
         "partial_rotary_factor": rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)) != 1,
