@@ -1,13 +1,8 @@
-"""Weights that exist: a checkpoint or GPT-2, loaded to sample from and score, or to start a run from.
-
-    python sample.py --out_dir=out/shakespeare_char          # load_model: best.pt, or ckpt.pt
-    python sample.py --init_from=gpt2 --start="Hello"        # load_model: GPT-2, or an export (tinygpt/export.py)
-
-    python train.py config/finetune_shakespeare_gpt2.toml   # --init_from=gpt2, or a checkpoint
-
-The weights fix the model's shape; the new run brings its data, block_size, dropout, optimizer and
-schedule, from iteration 0. BPE data must use the weights' encoding; with characters, each one the
-weights know keeps its rows, moved to its id in the new vocabulary, and a new one starts fresh.
+"""Weights that exist, a checkpoint or GPT-2 (or an export of one): loaded to sample from and score (load_model),
+to resume a run (restore), or to fine-tune on new data. Fine-tuned, the weights fix the model's shape; the new run
+brings its data, block_size, dropout, optimizer and schedule, from iteration 0. BPE data must use the weights'
+encoding; with characters, each one the weights know keeps its rows, moved to its id in the new vocabulary, and a
+new one starts fresh.
 """
 
 import dataclasses
@@ -60,10 +55,22 @@ def model_from_checkpoint(path, device):
 
 
 def restore(ckpt, cfg, model, optimizer, scaler, meta):
-    """model, optimizer and scaler as ckpt saved them (not yet compiled or wrapped), once it is checked that
-    this run (cfg, with the tokenizer of meta) can resume it: returns the run's (iteration, best val loss,
-    evaluations without a better one, the iteration evaluated or None, its W&B run)."""
-    check_resumable(ckpt, model.config, meta, cfg)
+    """model, optimizer and scaler as ckpt saved them (not yet compiled or wrapped), once it is checked that this
+    run (cfg, with the tokenizer of meta) has the checkpoint's model and tokenizer, and steps left: returns the run's
+    (iteration, best val loss, evaluations without a better one, the iteration evaluated or None, its W&B run)."""
+    path = checkpoint_path(cfg.out_dir, "ckpt.pt")
+    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):  # first: it sizes the model
+        raise UserError(f"cannot resume {path}: the data set changed, {cfg.data_dir}'s tokenizer is not the one it "
+                        "trained on; prepare the text it trained on again, or start a new run (--overwrite=true)")
+    then = {f.name: f.default for f in dataclasses.fields(model.config)} | ckpt["model_config"]  # older: the defaults
+    diff = [f"--{k}={v} (it has {then.get(k)})" for k, v in dataclasses.asdict(model.config).items()
+            if then.get(k) != v]
+    if diff:
+        raise UserError(f"cannot resume {path} as {', '.join(diff)}: a resumed run keeps its model; drop those "
+                        "options, or start a new run (--overwrite=true, or another --out_dir)")
+    if ckpt["iter"] >= cfg.max_iters:
+        raise UserError(f"{path} is at iteration {ckpt['iter']} and --max_iters is {cfg.max_iters}: nothing is left "
+                        f"to train; to go on, give more, e.g. --max_iters={max(2 * ckpt['iter'], 100)}")
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     if ckpt["scaler"]:  # empty where the run trained without fp16's scaling; a resume in fp16 starts it afresh
@@ -87,21 +94,6 @@ def resumed_config(ckpt, cfg, sources, device_type):
         now |= {k: v for k, v in (("dtype", "auto"), ("compile", False)) if k not in sources}
     return dataclasses.replace(start, **now)
 
-
-def check_resumable(ckpt, mconf, meta, cfg):
-    """A UserError unless this run's model and tokenizer are the checkpoint's, and it has steps left."""
-    path = checkpoint_path(cfg.out_dir, "ckpt.pt")
-    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):  # first: it sizes the model
-        raise UserError(f"cannot resume {path}: the data set changed, {cfg.data_dir}'s tokenizer is not the one it "
-                        "trained on; prepare the text it trained on again, or start a new run (--overwrite=true)")
-    then = {f.name: f.default for f in dataclasses.fields(mconf)} | ckpt["model_config"]  # older: the defaults
-    diff = [f"--{k}={v} (it has {then.get(k)})" for k, v in dataclasses.asdict(mconf).items() if then.get(k) != v]
-    if diff:
-        raise UserError(f"cannot resume {path} as {', '.join(diff)}: a resumed run keeps its model; drop those "
-                        "options, or start a new run (--overwrite=true, or another --out_dir)")
-    if ckpt["iter"] >= cfg.max_iters:
-        raise UserError(f"{path} is at iteration {ckpt['iter']} and --max_iters is {cfg.max_iters}: nothing is left "
-                        f"to train; to go on, give more, e.g. --max_iters={max(2 * ckpt['iter'], 100)}")
 
 
 # --- Fine-tuning --------------------------------------------------------------------------------------
@@ -138,14 +130,10 @@ def load_weights(init_from, out_dir):
     return Weights(str(path), ckpt["model_config"], ckpt["model"], ckpt["meta"])
 
 
-# --- The new model's shape -------------------------------------------------------------------------
-
-
 def finetune_settings(source, cfg, meta, sources=None):
-    """cfg (a train.TrainConfig) with the model's shape set to the weights': the data of meta
-    (meta.json), block_size, dropout and the training are cfg's. A UserError if the weights
-    and the data cannot go together, or if a shape key set by a preset or the command line
-    (sources; without them, any away from its default) contradicts the weights."""
+    """cfg (a train.TrainConfig) with the model's shape set to the weights': the data of meta (meta.json),
+    block_size, dropout and the training are cfg's. A UserError if the weights and the data cannot go together, or
+    if a shape key set by a preset or the command line (sources; else any away from its default) contradicts them."""
     theirs = source.meta
     if (theirs.get("tokenizer"), theirs.get("encoding")) != (meta.get("tokenizer"), meta.get("encoding")):
         flag = "char" if theirs.get("tokenizer") == "char" else theirs.get("encoding")
@@ -176,9 +164,6 @@ def describe(meta):
     return "character" if meta.get("tokenizer") == "char" else f"{meta.get('encoding')} BPE"
 
 
-# --- Copying the weights in ---------------------------------------------------------------------------
-
-
 def char_map(theirs, ours):
     """(our ids, their ids) of the characters both vocabularies have, and our new ones."""
     old = {ch: i for i, ch in enumerate(theirs)}
@@ -188,10 +173,9 @@ def char_map(theirs, ours):
 
 @torch.no_grad()
 def load_into(model, source, meta):
-    """Copies source's weights into model, freshly initialized for the data of meta:
-    with characters, token rows by character (new ones keep their fresh rows);
-    position rows up to block_size; everything else whole. Returns a line saying
-    what was done."""
+    """Copies source's weights into model, freshly initialized for the data of meta: with characters, token rows by
+    character (new ones keep their fresh rows); position rows up to block_size; everything else whole. Returns a
+    line saying what was done."""
     chars = meta.get("tokenizer") == "char"
     ours, theirs, new = char_map(source.meta["vocab"], meta["vocab"]) if chars else (None, None, [])
     own = model.state_dict()  # shares storage with the parameters: writing it writes them
