@@ -1,10 +1,7 @@
-"""Writing files so that a failure, or a kill at any moment, loses nothing: a file replaced whole, a line
-appended whole, a directory swapped in whole; a run's out_dir, one run at a time; its log and checkpoints.
-
-A checkpoint is a dict of tensors and plain data, saved with torch.save (train.py) and loaded with
-weights_only=True, which refuses anything else: a file that would run code when unpickled is rejected.
-Each function raises the OSError that stopped it, after undoing its own partial work, so the caller can
-say what failed (a full disk, no permission) and what was kept.
+"""Writing files so that a failure, or a kill at any moment, loses nothing: a file replaced whole, a line appended
+whole, a directory swapped in whole. A run's out_dir, one run at a time; its log; its checkpoints, loaded with
+weights_only=True: tensors and plain data, never code. Each function raises the OSError that stopped it, after
+undoing its own partial work, so the caller can say what failed (a full disk, no permission) and what was kept.
 """
 
 import contextlib
@@ -23,10 +20,9 @@ from tinygpt.system import exchange, process_alive, sync_directory
 
 
 def write_atomic(path, content):
-    """Writes path whole or not at all. content is bytes, or a function that writes to an
-    open binary file (torch.save, savefig). It goes to path.tmp, which is fsynced and then
-    renamed over path; on any failure (a full disk, Ctrl-C) path.tmp is removed and path
-    is as it was."""
+    """Writes path whole or not at all. content: bytes, or a function that writes to an open binary file
+    (torch.save, savefig). It goes to path.tmp, fsynced, then renamed over path; on any failure (a full disk,
+    Ctrl-C) path.tmp is removed and path is as it was."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
@@ -116,9 +112,8 @@ def remove_stale(target):
 
 @contextlib.contextmanager
 def staging_dir(target):
-    """A new, empty directory beside target (on the same file system, so swap_in can put it
-    in target's place), removed when the block ends, however it ends. What killed
-    processes left behind is removed first."""
+    """A new, empty directory beside target (on its file system, so swap_in can put it in target's place), removed
+    when the block ends, however it ends. What killed processes left behind is removed first."""
     target = Path(os.path.realpath(target))  # beside the real directory, if target is a link to it
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
@@ -131,31 +126,25 @@ def staging_dir(target):
 
 
 def swap_in(stage, target, replaced, replace=True):
-    """Puts the finished directory stage (from staging_dir) in target's place, keeping what
-    else target held: its owner, mode, and entries not named in `replaced` (linked) go to stage first. At
-    every moment target holds the old version or the new, whole (Linux: RENAME_EXCHANGE;
-    elsewhere two renames, and a kill between them is undone by the next remove_stale).
-    The old version ends up at stage, and goes with it. replace=False: FileExistsError if target exists by
-    then (another process made it meanwhile), and nothing moves."""
+    """Puts the finished directory stage (from staging_dir) in target's place, keeping what else target held: its
+    owner, mode, and entries not named in `replaced` (linked) go to stage first. At every moment target holds the
+    old version or the new, whole (Linux: RENAME_EXCHANGE; elsewhere two renames, a kill between them undone by the
+    next remove_stale); the old one ends up at stage, and goes with it. replace=False: FileExistsError if target
+    exists by then (another process made it meanwhile), and nothing moves."""
     target = Path(os.path.realpath(target))
-    if not replace:
-        try:
-            os.rename(stage, target)  # fails where target is there and not empty (Windows: there at all)
-        except OSError as e:
-            if e.errno in (errno.EEXIST, errno.ENOTEMPTY) or os.path.lexists(target):
-                raise FileExistsError(errno.EEXIST, "made by another process meanwhile", str(target)) from None
-            raise
-        stage.mkdir()  # so that staging_dir's cleanup finds what it expects
-        sync_directory(target.parent)
-        return
-    if target.is_dir():
+    if replace and target.is_dir():
         link_tree(target, stage, skip=set(replaced))
         with contextlib.suppress(OSError, AttributeError):  # its owner, where allowed (root; Windows has no chown)
             os.chown(stage, (old := target.stat()).st_uid, old.st_gid)
         shutil.copymode(target, stage)  # and its mode (chmod 750), which a new directory would lack
     sync_directory(stage)
-    if not os.path.lexists(target):
-        os.rename(stage, target)
+    if not replace or not os.path.lexists(target):
+        try:
+            os.rename(stage, target)  # fails where target is there and not empty (Windows: there at all)
+        except OSError as e:
+            if not replace and (e.errno in (errno.EEXIST, errno.ENOTEMPTY) or os.path.lexists(target)):
+                raise FileExistsError(errno.EEXIST, "made by another process meanwhile", str(target)) from None
+            raise
         stage.mkdir()  # so that staging_dir's cleanup finds what it expects
     elif not exchange(stage, target):
         os.rename(target, _aside(target))
@@ -196,6 +185,9 @@ def run_out_dir(cfg, sources):
     return str(Path("out") / Path(cfg.data_dir).name)
 
 
+LEFT_BY_A_KILL = ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp")  # half-written by a run killed while saving
+
+
 class RunLock:
     """out_dir/lock, held by the run writing into out_dir from acquire() to release(): filelock's lock
     (flock, or msvcrt on Windows), which the system lets go of when its process dies, however it dies,
@@ -229,8 +221,8 @@ class RunLock:
 
 
 def append_record(out_dir, record, trackers=None):
-    """Adds one record to out_dir/log.jsonl, whole, then gives it to the run's trackers (tinygpt.trackers);
-    a failed write (a full disk) is a UserError."""
+    """Adds one record to out_dir/log.jsonl, whole, then gives it to the run's trackers (tinygpt.trackers); a
+    failed write (a full disk) is a UserError."""
     path = Path(out_dir) / "log.jsonl"
     try:
         append_line(path, json.dumps(record))
@@ -243,28 +235,24 @@ def append_record(out_dir, record, trackers=None):
 
 
 def start_log(out_dir, start_iter):
-    """Cuts log.jsonl back to start_iter's records (to nothing for a new run), so a resumed run's log
-    reads like an uninterrupted one."""
-    path = Path(out_dir) / "log.jsonl"
-    kept = records_through(path, start_iter) if start_iter and path.exists() else []
+    """Cuts log.jsonl back to start_iter's records (to nothing for a new run), so a resumed run's log reads like
+    an uninterrupted one; a last line that a kill cut short is dropped."""
+    path, kept = Path(out_dir) / "log.jsonl", []
+    if start_iter and path.exists():
+        lines = path.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n")
+        for n, line in enumerate(lines, 1):
+            try:
+                if json.loads(line)["iter"] <= start_iter:
+                    kept.append(line)
+            except (ValueError, TypeError, KeyError):
+                if n < len(lines):  # not the last line, which a kill may have cut short
+                    raise UserError(f"{path} line {n} is not a log record; delete that line and resume again") \
+                        from None
     try:
         write_atomic(path, "".join(line + "\n" for line in kept).encode("utf-8"))
     except OSError as e:
         raise UserError(f"{write_error(path, e)}; nothing was changed: free some space, or pick another --out_dir") \
             from None
-
-
-def records_through(path, it):
-    """The lines of the log at path up to iteration it; a last line that a kill cut short is dropped."""
-    lines, kept = path.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n"), []
-    for n, line in enumerate(lines, 1):
-        try:
-            if json.loads(line)["iter"] <= it:
-                kept.append(line)
-        except (ValueError, TypeError, KeyError):
-            if n < len(lines):  # not the last line, which a kill may have cut short
-                raise UserError(f"{path} line {n} is not a log record; delete that line and resume again") from None
-    return kept
 
 
 # --- Checkpoints ------------------------------------------------------------------------------------
@@ -300,7 +288,6 @@ def load_checkpoint(path, device="cpu", choosing=True):
         raise UserError(f"{path} has checkpoint format {ckpt['format']}, newer than this code "
                         f"({CHECKPOINT_FORMAT}); update the code to read it")
     return ckpt
-LEFT_BY_A_KILL = ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp")  # half-written by a run killed while saving
 
 
 def checkpoint_to_resume(path, cfg, device):
@@ -312,3 +299,4 @@ def checkpoint_to_resume(path, cfg, device):
         raise UserError(f"{path} exists; continue it with --init_from=resume, start over with --overwrite=true, "
                         "or pick another --out_dir")
     return None
+
