@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from config import UserError, load_config, option
 from model import GELUS, GPT, MIXERS, POSITIONS, SCORES, GPTConfig
-from tinygpt import budget, dataset, device, files, optim, trackers, weights
+from tinygpt import budget, dataset, device, files, optim, weights
 
 # How often the processes under torchrun agree to stop (a signal to one, a non-finite loss on one): an
 # agreement after each step cost 3-7% of a CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py).
@@ -95,7 +95,7 @@ def main(argv):
     sources = {}  # each setting's preset, or "command line"
     cfg = load_config(TrainConfig, argv, "train.py", __doc__, sources=sources)
     cfg = dataclasses.replace(cfg, out_dir=files.run_out_dir(cfg, sources))
-    cfg = dataclasses.replace(cfg, log_to=trackers.check(cfg.log_to)) if cfg.log_to else cfg  # before any write
+    cfg = dataclasses.replace(cfg, log_to=files.check_trackers(cfg.log_to)) if cfg.log_to else cfg  # before any write
     procs = device.start_processes(cfg.device)
     if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
         import prepare  # only here: what a fresh clone lacks
@@ -139,7 +139,7 @@ class Run:
     bad_evals: int = 0
     evaluated: int | None = None
     step_ms: float = 0.0  # the last step's
-    trackers: "trackers.Trackers | None" = None  # where the records go too (--log_to), on rank 0, in the loop
+    trackers: "files.Trackers | None" = None  # where the records go too (--log_to), on rank 0, in the loop
     wandb_id: str | None = None  # the W&B run it logs to, kept with its checkpoints
 
     def __post_init__(self):
@@ -242,7 +242,7 @@ def train(run, stop):
     # The loop's own step and evaluation times: for the budget to fit the steps again as the run goes.
     times = budget.LoopTimes(run.it)
     signum, bad, stop.model = 0, None, run.raw_model  # a signal or a bad loss ends it
-    with trackers.opened(run) as run.trackers, \
+    with files.open_trackers(run) as run.trackers, \
             tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None) as bar:
         while True:
             if run.time_budget is not None and (evaluation_due(run) or run.it % AGREE_EVERY == 0):

@@ -14,7 +14,7 @@ import pytest
 
 import train
 from config import UserError
-from tinygpt import files, trackers
+from tinygpt import files
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")  # 20 steps, evaluations at 0, 10 and 20, a record every 5 steps
@@ -201,8 +201,8 @@ def test_a_tracker_that_fails_mid_run_costs_one_warning_and_the_run_finishes_who
             raise OSError(errno.ENOSPC, "No space left on device")
         real_log(self, record)
 
-    calls, real_log = [], trackers.TensorBoard.log
-    monkeypatch.setattr(trackers.TensorBoard, "log", log)
+    calls, real_log = [], files.TensorBoard.log
+    monkeypatch.setattr(files.TensorBoard, "log", log)
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--log_to=tensorboard"]) == 0
     assert capsys.readouterr().err == ("warning: --log_to=tensorboard failed (OSError: [Errno 28] No space left on "
                                        "device); it gets no more records, log.jsonl keeps them all\n")  # all it says
