@@ -1,8 +1,7 @@
 """Weights that exist, a checkpoint or GPT-2 (or an export of one): loaded to sample from and score (load_model),
-to resume a run (restore), or to fine-tune on new data. Fine-tuned, the weights fix the model's shape; the new run
-brings its data, block_size, dropout, optimizer and schedule, from iteration 0. BPE data must use the weights'
-encoding; with characters, each one the weights know keeps its rows, moved to its id in the new vocabulary, and a
-new one starts fresh.
+to resume a run (restore), or to fine-tune: then the weights fix the model's shape, and the new run brings its data,
+block_size, dropout, optimizer and schedule, from iteration 0. BPE data must use the weights' encoding; with
+characters, each one the weights know keeps its rows, moved to its id in the new vocabulary.
 """
 
 import dataclasses
@@ -95,12 +94,9 @@ def resumed_config(ckpt, cfg, sources, device_type):
     return dataclasses.replace(start, **now)
 
 
-
 # --- Fine-tuning --------------------------------------------------------------------------------------
 
-# What a fine-tuned run sets itself, whatever the weights were trained with.
-RUN_KEYS = {"vocab_size", "real_vocab_size", "block_size", "dropout", "fused_attention"}
-VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # one row per token
+RUN_KEYS = {"vocab_size", "real_vocab_size", "block_size", "dropout", "fused_attention"}  # the run's, not the weights'
 
 
 @dataclass
@@ -130,10 +126,10 @@ def load_weights(init_from, out_dir):
     return Weights(str(path), ckpt["model_config"], ckpt["model"], ckpt["meta"])
 
 
-def finetune_settings(source, cfg, meta, sources=None):
+def finetune_settings(source, cfg, meta, sources):
     """cfg (a train.TrainConfig) with the model's shape set to the weights': the data of meta (meta.json),
     block_size, dropout and the training are cfg's. A UserError if the weights and the data cannot go together, or
-    if a shape key set by a preset or the command line (sources; else any away from its default) contradicts them."""
+    if a shape key that a preset or the command line set (sources) contradicts them."""
     theirs = source.meta
     if (theirs.get("tokenizer"), theirs.get("encoding")) != (meta.get("tokenizer"), meta.get("encoding")):
         flag = "char" if theirs.get("tokenizer") == "char" else theirs.get("encoding")
@@ -142,13 +138,12 @@ def finetune_settings(source, cfg, meta, sources=None):
     if theirs.get("tokenizer") != "char" and theirs.get("vocab_size") != meta.get("vocab_size"):
         raise UserError(f"{source.name} knows {theirs.get('vocab_size')} {describe(theirs)} tokens, {cfg.data_dir} "
                         f"{meta.get('vocab_size')}: another tiktoken prepared them; prepare the data again")
-    defaults, shape = type(cfg)(), {}
+    shape = {}
     for field in dataclasses.fields(GPTConfig):
         if field.name in RUN_KEYS:
             continue
         weights, ours = source.model_config.get(field.name, field.default), getattr(cfg, field.name)
-        given = field.name in sources if sources is not None else ours != getattr(defaults, field.name)
-        if given and ours != weights:
+        if field.name in sources and ours != weights:
             raise UserError(f"--{field.name}={ours} (from a preset or the command line) contradicts {source.name}, "
                             f"whose {field.name} is {weights}: the weights fix the model's shape; drop it or pass "
                             f"--{field.name}={weights}")
@@ -174,8 +169,8 @@ def char_map(theirs, ours):
 @torch.no_grad()
 def load_into(model, source, meta):
     """Copies source's weights into model, freshly initialized for the data of meta: with characters, token rows by
-    character (new ones keep their fresh rows); position rows up to block_size; everything else whole. Returns a
-    line saying what was done."""
+    character (new ones keep their fresh rows); position rows up to block_size; the rest whole. Returns a line
+    saying what was done."""
     chars = meta.get("tokenizer") == "char"
     ours, theirs, new = char_map(source.meta["vocab"], meta["vocab"]) if chars else (None, None, [])
     own = model.state_dict()  # shares storage with the parameters: writing it writes them
@@ -184,7 +179,7 @@ def load_into(model, source, meta):
             raise UserError(f"{source.name} does not fit this version of model.py ({name}); "
                             "fine-tune with the code that trained it")
         target = own[name]
-        if name in VOCAB_ROWS and chars:
+        if name in export.VOCAB_ROWS and chars:  # one row per token
             target[ours] = tensor[theirs].to(target)
         elif name == "wpe.weight":
             target.copy_(tensor[: target.size(0)])  # positions past block_size are never used
