@@ -25,9 +25,8 @@ from tinygpt.system import exchange, process_alive, sync_directory
 
 
 def write_atomic(path, content):
-    """Writes path whole or not at all. content: bytes, or a function that writes to an open binary file
-    (torch.save, savefig). It goes to path.tmp, fsynced, then renamed over path; on any failure (a full disk,
-    Ctrl-C) path.tmp is removed and path is as it was."""
+    """Writes path whole or not at all: content (bytes, or a function that writes to an open binary file: torch.save,
+    savefig) goes to path.tmp, fsynced, renamed over path; on any failure (a full disk, Ctrl-C) path.tmp goes."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
@@ -131,11 +130,10 @@ def staging_dir(target):
 
 
 def swap_in(stage, target, replaced, replace=True):
-    """Puts the finished directory stage (from staging_dir) in target's place, keeping what else target held: its
-    owner, mode, and entries not named in `replaced` (linked) go to stage first. At every moment target holds the
-    old version or the new, whole (Linux: RENAME_EXCHANGE; elsewhere two renames, a kill between them undone by the
-    next remove_stale); the old one ends up at stage, and goes with it. replace=False: FileExistsError if target
-    exists by then (another process made it meanwhile), and nothing moves."""
+    """Puts the finished directory stage (from staging_dir) in target's place, with what else target held: its owner,
+    mode, and the entries not named in `replaced` (linked into stage). At every moment target holds the old version or
+    the new, whole (Linux: RENAME_EXCHANGE; elsewhere two renames, a kill between them undone by remove_stale); the old
+    one ends up at stage. replace=False: FileExistsError if target exists by then, and nothing moves."""
     target = Path(os.path.realpath(target))
     if replace and target.is_dir():
         link_tree(target, stage, skip=set(replaced))
@@ -190,13 +188,9 @@ def run_out_dir(cfg, sources):
     return str(Path("out") / Path(cfg.data_dir).name)
 
 
-LEFT_BY_A_KILL = ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp")  # half-written by a run killed while saving
-
-
 class RunLock:
-    """out_dir/lock, held by the run writing into out_dir from acquire() to release(): filelock's lock
-    (flock, or msvcrt on Windows), which the system lets go of when its process dies, however it dies,
-    so a killed run's lock is simply taken over."""
+    """out_dir/lock, held by the run writing into out_dir from acquire() to release(): a filelock (flock; Windows:
+    msvcrt), which the system lets go of when its process dies, however it dies: a killed run's lock is taken over."""
 
     def __init__(self, out_dir):
         self.out_dir, self.made = Path(out_dir), None
@@ -214,7 +208,7 @@ class RunLock:
                             "--out_dir") from None
         except OSError as e:
             raise UserError(f"cannot write to out_dir {self.out_dir} ({e.strerror}); pick another --out_dir") from None
-        for name in LEFT_BY_A_KILL:
+        for name in ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp"):  # half-written by a run killed while saving
             (self.out_dir / name).unlink(missing_ok=True)
 
     def release(self):
@@ -369,9 +363,8 @@ class Trackers:
 
 
 class TensorBoard:
-    """Event files in OUT_DIR/tensorboard/: a scalar per key of each record, in float64 as log.jsonl holds it, and
-    the settings in the HPARAMS tab. A resumed run hides the steps after its checkpoint that the run before wrote,
-    as start_log cuts them from log.jsonl: no step shows twice."""
+    """Event files in OUT_DIR/tensorboard/: a float64 scalar per key of each record, the settings in the HPARAMS tab.
+    A resumed run hides the steps after its checkpoint, as start_log cuts them from log.jsonl: none shows twice."""
 
     def __init__(self, cfg, start_iter, trackers):
         from torch.utils.tensorboard import SummaryWriter
