@@ -378,9 +378,8 @@ def save_repeat_command(cfg):
 
 
 def fewer_batches_per_evaluation(cfg, seconds_left, eval_s, val_tokens=0):
-    """(cfg, eval_s): a short run's evaluations read fewer batches, so that the fewest it gets
-    (MIN_EVALS and the first) take about EVAL_SHARE of its time, but no fewer than an eighth of
-    EVAL_TOKENS. eval_iters 0 (the whole val split, val_tokens) counts as that many batches' worth."""
+    """(cfg, eval_s) with fewer batches per evaluation, so that the fewest a short run gets (MIN_EVALS and the
+    first) take about EVAL_SHARE of its time, but at least EVAL_TOKENS / 8; eval_iters 0 reads val_tokens."""
     batches = cfg.eval_iters or val_tokens / (cfg.batch_size * cfg.block_size)
     least = math.ceil(EVAL_TOKENS / 8 / (cfg.batch_size * cfg.block_size))
     iters = math.ceil(min(batches, max(least, int(batches * EVAL_SHARE * seconds_left / ((MIN_EVALS + 1) * eval_s)))))
@@ -395,9 +394,8 @@ def spread_evaluations(seconds_left, eval_s):
 
 
 def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None, start=0):
-    """How many steps after step `start` fit in seconds_left, when each takes step_s, and an evaluation
-    (with its checkpoints) taking eval_s comes at every multiple of eval_interval, `start` included, and
-    at the end (None: spread_evaluations spread over the run, and one at the start). At most max_steps."""
+    """How many steps after step `start` fit in seconds_left (at most max_steps), each step_s, with an evaluation
+    of eval_s at each multiple of eval_interval from `start` on and at the end (None: spread_evaluations + 1)."""
 
     def evaluations(steps):
         if eval_interval is None:
