@@ -94,7 +94,7 @@ def model_flops_per_token(n_layer, n_embd, block_size, vocab_size):
 
 def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given=None):
     """({setting: value}, a reason to print): the model and training for this data and budget at flops_per_s,
-    the training rate measured here, around `given`: what the command line set of SIZED, n_head and dropout."""
+    the training rate measured here, chosen around `given`, the settings of SIZED, n_head and dropout set."""
     given, data_tokens = given or {}, MAX_EPOCHS * train_tokens  # what the text can usefully give
 
     def shape(n_layer, n_embd):  # one of SHAPES, with what was given (a width that n_head divides)
@@ -135,7 +135,7 @@ def size_run(cfg, sources, sizes, seconds_left, world, measure):
     """(cfg with the model and training choose_run picks, except what the command line set; a line saying
     so). sizes: (train tokens, val tokens, vocabulary); measure(cfg)[0]: a step's seconds, each of world
     processes. choose_run goes by the rate of the run it chose before (at first, FIRST_GUESS_FLOPS) until the
-    choice stands, as the rate grows with the model and batch, falls with dropout; timing takes SIZING_SHARE."""
+    choice stands (the rate grows with the model and batch, falls with dropout) or SIZING_SHARE of the time is spent."""
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
 
     def free(settings):  # what the command line did not set
