@@ -4,10 +4,9 @@
     python train.py --data_dir=data/notes_char --max_time=30m
     python train.py config/shakespeare_char_cpu_fast.toml --max_time=2m   # the preset's model, steps for 2 minutes
 
-With no preset, `choose_run` picks the model and its training from the training tokens, the vocabulary
-and the compute the time buys here (train.py times a few real steps). `Budget.fit` turns the time into
-steps, and `Budget.replan` fits them again from the loop's own times, so the schedule ends on time; the
-count is checkpointed, so a resumed run continues exactly. The measurements: docs/own_text.md.
+With no preset, `choose_run` picks the model from the data and the compute the time buys here (train.py
+times a few real steps); `Budget` fits the steps to the time, and again to the loop's own times, so the
+schedule ends on time. The measurements: docs/own_text.md.
 """
 
 import contextlib
@@ -76,16 +75,11 @@ def parse_duration(text):
 
 
 def shape_settings(n_layer, n_embd):
-    block = 64 if n_embd < 128 else 256
-    return {"n_layer": n_layer, "n_embd": n_embd, "n_head": heads(n_embd), "block_size": block}
-
-
-def heads(n_embd):
-    """Heads 32 channels wide up to a width of 256, 64 beyond; fewer where they would not divide it."""
+    """The shape's settings, heads and context as SHAPES says (fewer heads where they would not divide n_embd)."""
     n_head = max(1, n_embd // (32 if n_embd <= 256 else 64))
     while n_embd % n_head:
         n_head -= 1
-    return n_head
+    return {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "block_size": 64 if n_embd < 128 else 256}
 
 
 def block_params(n_layer, n_embd):
@@ -99,9 +93,8 @@ def model_flops_per_token(n_layer, n_embd, block_size, vocab_size):
 
 
 def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given=None):
-    """The model and training for this data and budget: ({setting: value}, a reason to print).
-    flops_per_s: the training rate measured on this device. given: the settings of SIZED, n_head and
-    dropout that the command line set, chosen around."""
+    """({setting: value}, a reason to print): the model and training for this data and budget at flops_per_s,
+    the training rate measured here, chosen around `given`, the settings of SIZED, n_head and dropout set."""
     given, data_tokens = given or {}, MAX_EPOCHS * train_tokens  # what the text can usefully give
 
     def shape(n_layer, n_embd):  # one of SHAPES, with what was given (a width that n_head divides)
@@ -140,12 +133,9 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
 
 def size_run(cfg, sources, sizes, seconds_left, world, measure):
     """(cfg with the model and training choose_run picks, except what the command line set; a line saying
-    so). sizes: the text's (train tokens, val tokens, vocabulary). measure(cfg) gives the seconds of a step
-    of cfg on this device, each process among world (timed, or as this machine timed it before): the rate
-    choose_run goes by is measured on the run it chose before (at first, its choice at FIRST_GUESS_FLOPS),
-    until the choice stands, as the rate grows with the model and the batch (a step's fixed cost is shared
-    by more sequences) and falls with dropout. The timing stops at SIZING_SHARE of the time, with the last
-    choice."""
+    so). sizes: (train tokens, val tokens, vocabulary); measure(cfg)[0]: a step's seconds, each of world
+    processes. choose_run goes by the rate of the run it chose before (at first, FIRST_GUESS_FLOPS) until the
+    choice stands (the rate grows with the model and batch, falls with dropout) or SIZING_SHARE of the time is spent."""
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
 
     def free(settings):  # what the command line did not set
@@ -166,9 +156,9 @@ def size_run(cfg, sources, sizes, seconds_left, world, measure):
         flops = model_flops_per_token(trial.n_layer, trial.n_embd, trial.block_size, sizes[2])
         rate = world * trial.batch_size * trial.grad_accum * trial.block_size * flops / step_s
         settings, reason = choose_run(*sizes, rate, seconds, given)
-        chosen = [settings[k] for k in ("n_layer", "n_embd", "block_size", "batch_size", "dropout")]
-        if chosen == [trial.n_layer, trial.n_embd, trial.block_size, trial.batch_size, trial.dropout] \
-                or chosen in tried or spent + time.perf_counter() - t0 > SIZING_SHARE * seconds_left:
+        chosen = [settings[k] for k in (*SIZED, "dropout")]
+        if chosen == [getattr(trial, k) for k in (*SIZED, "dropout")] or chosen in tried \
+                or spent + time.perf_counter() - t0 > SIZING_SHARE * seconds_left:
             break  # it stands, it came back, or another timing would take more than its share
         tried.append(chosen)
     cfg = dataclasses.replace(cfg, **free(settings))
@@ -188,12 +178,10 @@ def size_for_data(cfg, sources, data, procs, time_budget, measure):
     sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
     left = seconds - procs.broadcast((process_age(),))[0]  # rank 0's clock: all size alike
     speedup, compiling = COMPILING.get(procs.device_type, (1.0, 0.0))
+    compiled = (left - compiling) * speedup  # what is left after compiling, in seconds at the eager rate measured
     if time_budget is not None and time_budget.max_steps is None and "compile" not in sources:  # where it pays
-        pays = (left - compiling) * speedup > left and not compiler_missing(procs.device_type)
-        cfg = dataclasses.replace(cfg, compile=pays)
-    speedup, compiling = (speedup, compiling) if cfg.compile else (1.0, 0.0)
-    # Sized at the eager rate measured, for the seconds left after compiling, as many as the speed-up makes them.
-    cfg, said = size_run(cfg, sources, sizes, (left - compiling) * speedup, procs.world, measure)
+        cfg = dataclasses.replace(cfg, compile=compiled > left and not compiler_missing(procs.device_type))
+    cfg, said = size_run(cfg, sources, sizes, compiled if cfg.compile else left, procs.world, measure)
     procs.say(said)
     if time_budget is not None:
         most = most_steps(sizes[0], procs.world * cfg.batch_size * cfg.grad_accum * cfg.block_size)
@@ -210,11 +198,9 @@ def most_steps(train_tokens, tokens_per_step):
 
 
 class Budget:
-    """A run's time budget (--max_time, or DEFAULT_BUDGET), from its start to its end: the steps fitted
-    once from a probe of a few real steps (fit), then again from the loop's own times (replan). max_steps:
-    the most steps worth taking, --max_iters when the command line gives it with --max_time, and the most
-    the data can use when the run was sized for it. speeds: this machine's Speeds, which the loop's own
-    step times correct."""
+    """A run's time budget (--max_time, or DEFAULT_BUDGET): steps fitted to a probe (fit), then to the loop's
+    own times (replan). max_steps: the most worth taking (--max_iters, or what the data can use); speeds:
+    this machine's Speeds, which the loop's step times correct."""
 
     def __init__(self, cfg, sources, speeds=None):
         self.seconds, self.sources, self.speeds = parse_duration(cfg.max_time or DEFAULT_BUDGET), sources, speeds
@@ -223,10 +209,9 @@ class Budget:
         self.planned = self.evals = None  # fit's steps, and its evaluations (the first one included)
 
     def fit(self, cfg, step_s, eval_s, elapsed, val_tokens=0):
-        """(cfg with the steps that fit in what is left of the budget, a line saying so): the schedule
-        ends on time. With no preset, evaluations are spread over the run; one of the whole val split
-        (val_tokens long) reads part of it where the fewest would take half the time. elapsed: the budget's
-        clock now (under torchrun, rank 0's, so that every process plans the same steps)."""
+        """(cfg with the steps that fit in what is left of the budget, a line saying so). Evaluations are
+        spread over the run unless eval_interval is given; one of the whole val split (val_tokens long) reads
+        part of it where the fewest would take half the time. elapsed: rank 0's clock, so all plan alike."""
         left, given = USABLE * self.seconds - elapsed, self.sources
         step_s = (self.speeds and self.speeds.loop_step(cfg)) or step_s  # the last loop's here: the speed today
         if self.spread and "eval_iters" not in given and (cfg.eval_iters or (MIN_EVALS + 1) * eval_s > left / 2):
@@ -245,11 +230,9 @@ class Budget:
                      f"in the {left:.0f} s left")
 
     def replan(self, cfg, it, step_s, eval_s, now, evaluated):
-        """(cfg with its steps fitted again at iteration it from the loop's own mean step and evaluation
-        times, a line saying so or None; evaluated: the evaluations made so far). A short probe can be 20%
-        off on a busy machine. In the run's first 3/4 the plan may grow or shrink; after that only shrink,
-        so that steps which slow down late (by up to 40% on a 2-core CPU) do not carry the run past its
-        budget. The learning rate's schedule, its warmup and spread evaluations follow the steps."""
+        """(cfg with its steps fitted again at iteration it to the loop's mean step and evaluation times, a line
+        saying so or None; evaluated: the evaluations made so far). A probe can be 20% off on a busy machine;
+        past 3/4 of the run the plan only shrinks, as late steps can slow by 40% (a 2-core CPU)."""
         if self.speeds is not None and it >= max(50, cfg.max_iters // 4):  # enough of the loop to go by
             self.speeds.learn(cfg, step_s)
             self.speeds = None  # once
@@ -303,11 +286,9 @@ class LoopTimes:
 
 
 class Speeds:
-    """The seconds of a step, a forward pass and a checkpoint's save of each run timed on this machine,
-    kept between runs in the user's cache (speeds.json in system.cache_dir()), so that the same command
-    chooses the same run, without timing it again. Keyed by what decides them: the machine (device.machine)
-    and the run (its model, batch and optimizer). A compiled run is timed afresh: its timing compiles it.
-    What the loop then measures is kept too (Budget.replan): the next run plans its steps by it."""
+    """The seconds of a step, a forward pass and a checkpoint's save of each run timed on this machine (and
+    the loop's own step), kept in the user's cache so that the same command chooses the same run untimed.
+    Keyed by the machine (device.machine) and the run. A compiled run is timed afresh: timing compiles it."""
 
     def __init__(self, machine, vocab_size):
         self.path, self.machine, self.vocab_size = Path(cache_dir()) / "speeds.json", machine, vocab_size
@@ -318,13 +299,12 @@ class Speeds:
         return json.dumps([shape, self.vocab_size, *(getattr(cfg, k) for k in TIMED)], sort_keys=True)
 
     def kept(self, cfg):
-        """What this machine keeps of cfg: (step, forward, save[, the last loop's step]) seconds, or None."""
-        return None if cfg.compile else self.runs.get(self.key(cfg))
+        """What this machine keeps of cfg: [step, forward, save(, the last loop's step)] seconds, or []."""
+        return [] if cfg.compile else self.runs.get(self.key(cfg), [])
 
     def get(self, cfg):
         """(step, forward, save) seconds of cfg as this machine timed them, or None."""
-        times = self.kept(cfg)
-        return tuple(times[:3]) if times else None
+        return tuple(self.kept(cfg)[:3]) or None
 
     def put(self, cfg, times):
         if not cfg.compile:
@@ -343,15 +323,14 @@ class Speeds:
         """The loop's mean step of cfg, step_s: the next run of cfg plans its steps by it (loop_step), and is
         chosen by it where it is shorter than the step kept by more than NOISE: a few timed steps can come out
         long (the machine busy, its caches cold), never short, and a busy hour must not shrink the next run."""
-        times = self.get(cfg)
-        if times:
+        if times := self.get(cfg):
             best = step_s if step_s < (1 - NOISE) * times[0] else times[0]
             self.put(cfg, (best, times[1] * best / times[0], times[2] * best / times[0], step_s))
 
     def loop_step(self, cfg):
         """The mean step the loop of the last run of cfg took here, or None."""
         times = self.kept(cfg)
-        return times[3] if times and len(times) == 4 else None
+        return times[3] if len(times) == 4 else None
 
     def read(self):
         """{machine: {run: times}} from the cache; nothing from a file that is missing, unreadable or damaged."""
@@ -399,9 +378,8 @@ def save_repeat_command(cfg):
 
 
 def fewer_batches_per_evaluation(cfg, seconds_left, eval_s, val_tokens=0):
-    """(cfg, eval_s): a short run's evaluations read fewer batches, so that the fewest it gets
-    (MIN_EVALS and the first) take about EVAL_SHARE of its time, but no fewer than an eighth of
-    EVAL_TOKENS. eval_iters 0 (the whole val split, val_tokens) counts as that many batches' worth."""
+    """(cfg, eval_s) with fewer batches per evaluation, so that the fewest a short run gets (MIN_EVALS and the
+    first) take about EVAL_SHARE of its time, but at least EVAL_TOKENS / 8; eval_iters 0 reads val_tokens."""
     batches = cfg.eval_iters or val_tokens / (cfg.batch_size * cfg.block_size)
     least = math.ceil(EVAL_TOKENS / 8 / (cfg.batch_size * cfg.block_size))
     iters = math.ceil(min(batches, max(least, int(batches * EVAL_SHARE * seconds_left / ((MIN_EVALS + 1) * eval_s)))))
@@ -416,9 +394,8 @@ def spread_evaluations(seconds_left, eval_s):
 
 
 def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None, start=0):
-    """How many steps after step `start` fit in seconds_left, when each takes step_s, and an evaluation
-    (with its checkpoints) taking eval_s comes at every multiple of eval_interval, `start` included, and
-    at the end (None: spread_evaluations spread over the run, and one at the start). At most max_steps."""
+    """How many steps after step `start` fit in seconds_left (at most max_steps), each step_s, with an evaluation
+    of eval_s at each multiple of eval_interval from `start` on and at the end (None: spread_evaluations + 1)."""
 
     def evaluations(steps):
         if eval_interval is None:
@@ -434,13 +411,11 @@ def plan_steps(seconds_left, step_s, eval_s, eval_interval=None, max_steps=None,
 
 
 def time_steps(step, model, batch, autocast, optimizer, scaler, calls=None):
-    """(seconds per training step, per forward pass of batch, to save a checkpoint), timed: step() a few
-    times, model on batch (x, y) in eval mode under autocast, and a save of model and optimizer. The model,
-    optimizer and scaler are put back as they were, so the run starts as if untouched. calls: exactly that
-    many of each (processes that synchronize in a step must all run as many), else a few: steps for half a
-    second, as a machine's first choice goes by them (a quarter of a second, tried, once gave 42 ms for a
-    step the loop then took in 26), the forward pass for a tenth (evaluations are a small share of a run)."""
-    before = copy.deepcopy((model.state_dict(), optimizer.state_dict(), scaler.state_dict()))
+    """(seconds per training step, per forward pass of batch (x, y) in eval mode, to save a checkpoint), timed;
+    model, optimizer and scaler are then put back as they were. calls: exactly that many of each (processes that
+    synchronize in a step must run as many), else steps for half a second (a quarter came out long), the forward
+    pass for a tenth (evaluations are a small share of a run)."""
+    before = [(part, copy.deepcopy(part.state_dict())) for part in (model, optimizer, scaler)]
 
     def forward():
         with torch.no_grad(), autocast:
@@ -453,9 +428,8 @@ def time_steps(step, model, batch, autocast, optimizer, scaler, calls=None):
     t0 = time.perf_counter()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, io.BytesIO())
     save_s = 2 * (time.perf_counter() - t0)  # ckpt.pt, and best.pt when val improves
-    model.load_state_dict(before[0])
-    optimizer.load_state_dict(before[1])
-    scaler.load_state_dict(before[2])
+    for part, state in before:
+        part.load_state_dict(state)
     optimizer.zero_grad(set_to_none=True)
     return step_s, forward_s, save_s
 

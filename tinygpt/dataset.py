@@ -1,6 +1,5 @@
-"""A prepared data set as prepare.py writes it and train.py reads it: meta.json checked field by field,
-and the token files checked against it, so a damaged or hand-edited data set is one error line at
-the start of a run, not a crash at its end. And the loss of a model on every token of a text.
+"""A prepared data set as prepare.py writes it and train.py reads it, checked field by field so that a damaged
+or hand-edited one is one error line at the start of a run, not a crash at its end; and a model's loss on a text.
 
     meta.json   {"format": 1, "tokenizer": "char", "vocab": [...], "vocab_size": 65,
                  "dtype": "uint16", "train_tokens": N, "val_tokens": M, ...}
