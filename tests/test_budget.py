@@ -438,6 +438,7 @@ def test_max_iters_with_max_time_is_the_most_steps_the_budget_may_fit(data_dir, 
     assert "time budget 3s: 5 steps (--max_iters)" in capsys.readouterr().out
     assert files.load_checkpoint(tmp_path / "a" / "ckpt.pt")["iter"] == 5
     assert train.main([*args, f"--out_dir={tmp_path / 'b'}", "--max_iters=100000"]) == 0
+    assert "(--max_iters)" not in capsys.readouterr().out  # the time, not --max_iters, set the steps
     saved = files.load_checkpoint(tmp_path / "b" / "ckpt.pt")
     assert 10 < saved["iter"] == saved["train_config"]["max_iters"] < 3 / 0.01  # what fits, not 100,000
     assert clock.now <= budget.USABLE * 3 + 1e-9

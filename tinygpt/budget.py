@@ -223,8 +223,8 @@ class Budget:
                             f"start-up, less than a step ({step_s:.2f} s) and the {evals} evaluations a run "
                             f"needs ({eval_s:.2f} s each); give more time, or a smaller model")
         self.planned, self.evals = steps, spread_evaluations(left, eval_s) + 1
-        cfg = self.steps_and_evaluations(cfg, steps, math.ceil(steps / (self.evals - 1)))
         capped = " (--max_iters)" if given.get("max_iters") == "command line" and steps == cfg.max_iters else ""
+        cfg = self.steps_and_evaluations(cfg, steps, math.ceil(steps / (self.evals - 1)))
         return cfg, (f"time budget {cfg.max_time or DEFAULT_BUDGET}: {cfg.max_iters:,} steps{capped} of "
                      f"{step_s * 1000:.0f} ms and an evaluation every {cfg.eval_interval:,} ({eval_s:.1f} s each) "
                      f"in the {left:.0f} s left")
