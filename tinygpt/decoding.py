@@ -1,8 +1,5 @@
-"""Decoding: the model knows only forward(); this module decides which positions to feed it, keeps the keys
-and values of those it has seen (KVCache), and picks each next token from the logits (sample_next).
-
-    generate(model, idx, 100, temperature=0.8, top_k=200)   # (B, T + 100) token ids
-    for token in stream(model, idx, 100): ...               # the next token (B, 1), one at a time
+"""Decoding: the model knows only forward(); this module decides which positions to feed it (stream, generate),
+keeps the keys and values of those it has seen (KVCache), and picks each next token from the logits (sample_next).
 """
 
 import torch
@@ -13,10 +10,9 @@ from model import GPT, Block, FeedForward, MultiHeadAttention, fused_attention, 
 
 
 class KVCache:
-    """Keys and values of every layer for the positions already seen, so that each new token costs one
-    position of work. The buffers are max_len long (the most keys a query sees: block_size, or the window)
-    and filled in place. Once full, the cache slides (past block_size only rope allows it); more new
-    positions than fit (a prompt longer than a window) are attended to whole, and the newest kept."""
+    """Keys and values of every layer for the positions seen, so a new token costs one position of work, in buffers
+    max_len long (the most keys a query sees: block_size, or the window), filled in place. Once full, the cache
+    slides (past block_size only rope allows it); more new positions than fit are attended to whole, the newest kept."""
 
     def __init__(self, n_layer, max_len):
         self.max_len = max_len
@@ -113,12 +109,10 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, **kwargs):
 @torch.inference_mode()  # no_grad, and no version counters or views tracked: 20% more tokens/s on a CPU
 def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
            valid=None, use_cache=True, generator=None, new_cache=KVCache):
-    """Yields the next token (B, 1) of every row, one step at a time; call model.eval() first.
-
-    Past block_size the context moves on. With rope, attention reads only offsets, so the cache slides a
-    token at a time; without a cache the model reads the last n_layer * (span - 1) + 1 tokens, all the
-    newest one depends on when each query sees its span newest keys: both give the same tokens. With
-    learned or sinusoidal positions every cached key is wrong once the window moves, so the window jumps,
+    """Yields the next token (B, 1) of every row, one step at a time; call model.eval() first. Past block_size, with
+    rope (attention reads only offsets) the cache slides a token at a time, and without one the model reads the last
+    n_layer * (span - 1) + 1 tokens, all the newest depends on when each query sees its span newest keys: both give the
+    same tokens. With learned or sinusoidal positions every cached key is wrong once the window moves, so it jumps,
     dropping its oldest quarter, with a cache or without. new_cache(n_layer, max_len) makes the caches."""
     block = model.config.block_size
     span = model.config.window or block  # the most keys a query sees
@@ -150,12 +144,11 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
 
 
 def unrolled_step(model):
-    """model.forward for one new token per row after cached ones, unrolled: (token (B, 1), cache) ->
-    logits (B, 1, V), the same kernels on the same tensors, so the same logits to the bit. One token is
-    little arithmetic, and a pass through the modules spends most of its time in Python around the kernels:
-    this is 1.46x forward()'s tokens/s for 4 layers of 128 (docs/results.md). It covers the GPT as trained
-    (multi-head dot-product attention in the fused kernel, feed-forward, residuals, LayerNorm), any positions,
-    no padding; else, or for a module a caller has hooked or replaced, None: model.forward runs."""
+    """model.forward for one new token per row after cached ones, unrolled: (token (B, 1), cache) -> logits (B, 1, V),
+    the same kernels on the same tensors, so the same logits to the bit, without the Python around the modules: 1.46x
+    forward()'s tokens/s for 4 layers of 128 (docs/results.md). It covers the GPT as trained (multi-head dot-product
+    attention in the fused kernel, feed-forward, residuals, LayerNorm), any positions, no padding; else, or for a module
+    a caller has hooked or replaced, None: model.forward runs."""
     c = model.config
     full_gpt = (c.mixer, c.score, c.feedforward, c.residual, c.layernorm, c.fused_attention) == (
         "multihead", "dot", True, True, True, True)

@@ -4,11 +4,9 @@
     python -m tinygpt.export --out_dir=out/notes_char --to=exports/notes_onnx --format=onnx
     python sample.py --init_from=exports/notes --start="ROMEO:"                             # and back
 
-hf    for transformers: learned positions make a GPT-2, rotary ones a GPT-NeoX, each computing what model.GPT does
-onnx  model.onnx, ids (batch, seq) in and logits (batch, seq, vocab) out, seq up to block_size
-
-Both write a tokenizer.json and take the full GPT of model.py; a switch that neither architecture has is refused,
-never approximated. What each holds, the optional packages it needs and how to load it: docs/export.md.
+hf: for transformers, a GPT-2 (learned positions) or GPT-NeoX (rotary) computing what model.GPT does; onnx: model.onnx,
+ids (batch, seq) -> logits (batch, seq, vocab), seq up to block_size. Both write a tokenizer.json; a switch neither
+architecture has is refused, never approximated. What each holds, the packages it needs, how to load it: docs/export.md.
 """
 
 from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
@@ -102,8 +100,7 @@ def check_paths(cfg):
         raise UserError(f"--out_dir={cfg.out_dir} is a file; pass the directory train.py wrote to (a checkpoint "
                         "in it goes in --checkpoint)")
     target = Path(cfg.to)
-    below_a_file = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
-    if below_a_file is not None:
+    if below_a_file := next((p for p in target.parents if p.exists() and not p.is_dir()), None):
         raise UserError(f"--to={target} is inside {below_a_file}, which is a file; pick a directory elsewhere")
     if target.exists() and not target.is_dir():
         raise UserError(f"--to={target} is a file; pick a directory")
@@ -132,7 +129,7 @@ def read_checkpoint(path):
 def architecture(config):
     """gpt2 or gpt_neox: the standard architecture that computes what config's model computes, or a UserError
     naming the switch that none does."""
-    refused = [
+    for switch, bad, why in [
         ("mixer", config.mixer != "multihead", "they attend with dot-product heads and a projection (multihead)"),
         ("feedforward", not config.feedforward, "every block of theirs has its feed-forward"),
         ("residual", not config.residual, "they add each sub-layer to the residual stream"),
@@ -140,8 +137,7 @@ def architecture(config):
         ("score", config.score != "dot", "they score a key by q·k / sqrt(hs)"),
         ("window", config.window != 0, "every query of theirs sees every key before it"),
         ("pos", config.pos not in ("learned", "rope"), "GPT-2 learns its positions, GPT-NeoX turns them (rope)"),
-    ]
-    for switch, bad, why in refused:
+    ]:
         if bad:
             raise UserError(f"cannot export a model with {switch}={getattr(config, switch)}: GPT-2 and GPT-NeoX "
                             f"cannot compute it ({why}); only the full GPT with learned or rope positions exports")
@@ -287,9 +283,8 @@ def write_onnx(stage, model):
 
 
 def load(init_from):
-    """(GPTConfig, state dict, tokenizer meta) of GPT-2 from the hub (a name in gpt2.SIZES) or a directory in the
-    Hugging Face layout: OpenAI's GPT-2, or a GPT-2 or GPT-NeoX this module wrote. Its text goes through the
-    characters of a tokenizer.json this module wrote, else tiktoken's gpt2."""
+    """(GPTConfig, state dict, tokenizer meta) of GPT-2 from the hub (a name in gpt2.SIZES) or a Hugging Face directory:
+    OpenAI's GPT-2, or an export's GPT-2 or GPT-NeoX; its tokens are an export's characters, else tiktoken's gpt2."""
     directory = Path(init_from)
     if init_from in gpt2.SIZES:
         load_encoding("gpt2")  # first: without its tokenizer, a download of the weights is of no use
@@ -300,7 +295,11 @@ def load(init_from):
         raise UserError(f"{init_from}: config.json's model_type {kind!r} is not gpt2 or gpt_neox: only GPT-2 models, "
                         "and the GPT-2 and GPT-NeoX models python -m tinygpt.export writes, load here")
     config = neox_config(hf, init_from) if kind == "gpt_neox" else gpt2.gpt_config(hf, init_from)
-    exported = read_json(directory / "tokenizer_config.json")  # an export's names its BPE
+    try:  # an export's tokenizer_config.json names its BPE; one missing, damaged or not an object names none
+        exported = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        exported = None
+    exported = exported if isinstance(exported, dict) else {}
     encoding = exported.get("tiktoken_encoding")
     if not chars and encoding not in (None, "gpt2"):
         raise UserError(f"{init_from} reads tiktoken's {encoding!r} tokens: only GPT-2's (tiktoken's gpt2), or the "
@@ -317,15 +316,6 @@ def load(init_from):
         raise UserError(f"{init_from} has a vocabulary of {config.real_vocab_size} tokens and {vocab} {n}; only "
                         "models with GPT-2's vocabulary, or the characters of their tokenizer.json, load here")
     return config, gpt_state(gpt2.read_weights(directory), config, kind, init_from), meta
-
-
-def read_json(path):
-    """The JSON object in path; {} for a file that is missing, damaged or not an object."""
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return obj if isinstance(obj, dict) else {}
 
 
 def read_chars(path):
@@ -346,7 +336,7 @@ def neox_config(hf, source):
     gpt2.check_sizes(hf, NEOX_SIZES, source)
     rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
     n_embd = hf["hidden_size"]
-    unlike = {  # model.py's: sequential residuals, every channel turned at rope_rates', 4x MLP
+    for key, bad in {  # unlike model.py's: sequential residuals, every channel turned at rope_rates', 4x MLP
         "use_parallel_residual": hf.get("use_parallel_residual", True),
         "attention_bias": hf.get("attention_bias", True) is not True,  # without, no bias tensors to read
         "partial_rotary_factor": rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)) != 1,
@@ -355,8 +345,7 @@ def neox_config(hf, source):
         "hidden_act": str(hf.get("hidden_act", "gelu")) not in gpt2.GELU,
         "intermediate_size": hf.get("intermediate_size") != 4 * n_embd,
         "layer_norm_eps": hf.get("layer_norm_eps", LAYERNORM_EPS) != LAYERNORM_EPS,
-    }
-    for key, bad in unlike.items():
+    }.items():
         if bad:
             raise UserError(f"{source}: config.json's {key} is not what model.py computes; only GPT-NeoX models "
                             "that python -m tinygpt.export writes load here")

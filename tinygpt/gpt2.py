@@ -1,13 +1,8 @@
-"""OpenAI's GPT-2, from the Hugging Face hub or a directory in its layout, as a model.GPT.
+"""OpenAI's GPT-2, from the Hugging Face hub or a directory in its layout, as a model.GPT (docs/finetuning.md).
 
-    python sample.py --init_from=gpt2-xl --start="The meaning of life is"
-    python train.py config/finetune_shakespeare_gpt2.toml       # fine-tunes gpt2
-    python -m tinygpt.score --init_from=/models/gpt2 --input=notes.txt   # config.json + model.safetensors
-
-GPT-2 is the GPT of model.py with its switches set: biases, learned positions over 1024 tokens, a tied head, and
-the tanh approximation of GELU. Its text goes through tiktoken's gpt2 encoding. Weights are read from safetensors
-(or from a pytorch_model.bin with torch.load(weights_only=True)): tensors, never code. Downloading needs the
-optional packages huggingface_hub and safetensors.
+GPT-2 is model.py's GPT with biases, learned positions over 1024 tokens, a tied head and the tanh GELU; its text goes
+through tiktoken's gpt2 encoding. Weights are tensors, never code: safetensors, or a pytorch_model.bin read with
+torch.load(weights_only=True). Downloading needs the optional packages huggingface_hub and safetensors.
 """
 
 import contextlib
@@ -24,7 +19,6 @@ from tinygpt.files import load_tensors
 
 SIZES = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1.5B"}  # parameters
 VOCAB_SIZE = 50257  # tiktoken's gpt2 encoding's tokens
-HUB_OWNER = "openai-community"  # the hub's home of OpenAI's checkpoints
 INSTALL = "pip install huggingface_hub safetensors"
 AGAIN = "get the model again (download it, or export it again)"  # a directory may be the hub's, or an export's
 # Hugging Face's names for GELU: "gelu" is the exact one; the others compute the tanh approximation.
@@ -60,7 +54,7 @@ def download(name):
     except ImportError:
         raise UserError(f"--init_from={name} downloads GPT-2 from the Hugging Face hub, which needs optional packages: "
                         f"{INSTALL}; or pass a directory holding its config.json and model.safetensors") from None
-    repo = f"{HUB_OWNER}/{name}"
+    repo = f"openai-community/{name}"  # the hub's home of OpenAI's checkpoints
     try:
         with quiet("huggingface_hub"):
             paths = [hf_hub_download(repo, f) for f in ("config.json", "model.safetensors")]
@@ -130,7 +124,7 @@ def gpt_config(hf, source):
     n_embd = hf["n_embd"]
     if n_embd % hf["n_head"]:
         raise UserError(f"{source}: config.json's n_embd ({n_embd}) is not a multiple of n_head ({hf['n_head']})")
-    unsupported = {
+    for key, bad in {  # True where config.json is not GPT-2's
         "model_type": hf.get("model_type") != "gpt2",
         "activation_function": str(hf.get("activation_function", "gelu_new")) not in GELU,
         "n_inner": hf.get("n_inner") not in (None, 4 * n_embd),
@@ -138,8 +132,7 @@ def gpt_config(hf, source):
         "scale_attn_weights": not hf.get("scale_attn_weights", True),
         "scale_attn_by_inverse_layer_idx": hf.get("scale_attn_by_inverse_layer_idx", False),
         "add_cross_attention": hf.get("add_cross_attention", False),
-    }
-    for key, bad in unsupported.items():
+    }.items():
         if bad:
             raise UserError(f"{source}: {key} {hf.get(key)!r} is not GPT-2's; only GPT-2 models load here")
     vocab_size = hf["vocab_size"]

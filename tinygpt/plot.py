@@ -6,10 +6,8 @@
     python -m tinygpt.plot losses --help
 
 losses     train and val loss against the step, from each run's OUT_DIR/log.jsonl
-attention  for a prompt, the attention weights of every layer (rows) and head
-           (columns) of a checkpoint: queries down, keys across, so the causal
-           triangle shows, and what each head looks at; name two runs or more
-           and they are drawn side by side (dot-product against additive scores)
+attention  for a prompt, the attention weights of every layer (rows) and head (columns) of a checkpoint: queries
+           down, keys across, so the causal triangle shows; two runs or more are drawn side by side
 
 Needs matplotlib (pip install matplotlib); it writes files and never opens a window.
 """
@@ -62,24 +60,6 @@ def pyplot():
     return plt
 
 
-def image_kind(path):
-    kind = Path(path).suffix.lstrip(".").lower()
-    if kind not in ("png", "svg", "pdf"):
-        raise UserError(f"--out {path}: the name must end in .png, .svg or .pdf")
-    return kind
-
-
-def save(fig, path):
-    """Writes fig to path whole or not at all: an existing image is replaced only by a finished one."""
-    path, kind = Path(path), image_kind(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, lambda f: fig.savefig(f, format=kind))
-    except OSError as e:
-        raise UserError(f"{write_error(path, e)}; pick another --out") from None
-    print(f"wrote {path}")
-
-
 # --- Loss curves ---------------------------------------------------------------------
 
 
@@ -108,12 +88,6 @@ def read_evals(run):
     if not evals:
         raise UserError(f"{path} has no evaluations yet; train.py writes one every eval_interval steps")
     return evals
-
-
-def run_labels(runs):
-    """Each run's directory name, or its whole path where two names would be the same."""
-    names = [Path(r).parent.name if r.endswith(".jsonl") else Path(r).name for r in runs]
-    return [n if names.count(n) == 1 else r for n, r in zip(names, runs)]
 
 
 def draw_losses(plt, logs, splits, ymax=None, title=""):
@@ -146,7 +120,9 @@ def plot_losses(cfg):
     splits = [s.strip() for item in cfg.splits for s in item.split(",") if s.strip()]
     if not splits or any(s not in ("train", "val") for s in splits):
         raise UserError(f"--splits must be train, val or both, got {','.join(cfg.splits)!r}")
-    logs = {label: read_evals(run) for label, run in zip(run_labels(cfg.runs), cfg.runs)}
+    names = [Path(r).parent.name if r.endswith(".jsonl") else Path(r).name for r in cfg.runs]
+    labels = [n if names.count(n) == 1 else r for n, r in zip(names, cfg.runs)]  # whole paths where names repeat
+    logs = {label: read_evals(run) for label, run in zip(labels, cfg.runs)}
     lowest = min(r[f"{s}_loss"] for evals in logs.values() for r in evals for s in splits)
     if cfg.ymax is not None and cfg.ymax <= lowest:  # the axis would show no curve, or turn upside down
         raise UserError(f"--ymax={cfg.ymax:g} is not above the lowest loss drawn ({lowest:.4f}); raise it or omit it")
@@ -215,13 +191,6 @@ def draw_heatmaps(panel, weights, labels, title=""):
     return grid
 
 
-def describe_model(config):
-    """What a run's attention is, in a few words, for its title: 'additive scores, window 16'."""
-    scores = {"average": "causal average", "none": "no attention", "additive": "additive scores"}
-    what = scores.get(config.mixer, scores.get(config.score, "dot-product scores"))
-    return what + (f", window {config.window}" if config.window else "")
-
-
 def run_attention(run, cfg):
     """(weights (L, H, T, T), token labels, title) for one run's checkpoint on cfg.prompt."""
     path = checkpoint_path(run, cfg.checkpoint)
@@ -236,7 +205,10 @@ def run_attention(run, cfg):
                         f"{model.config.block_size} in {run}; shorten it")
     weights = attention_weights(model, torch.tensor([ids]))  # (L, H, T, T)
     labels = [SHOWN.get(text, text) for text in (tokenizer.decode([i]) for i in ids)]
-    return weights, labels, f"{path}: {describe_model(model.config)}"
+    scores = {"average": "causal average", "none": "no attention", "additive": "additive scores"}
+    what = scores.get(model.config.mixer, scores.get(model.config.score, "dot-product scores"))
+    window = f", window {model.config.window}" if model.config.window else ""
+    return weights, labels, f"{path}: {what}{window}"  # its attention in a few words: "additive scores, window 16"
 
 
 def plot_attention(cfg):
@@ -297,8 +269,17 @@ def main(argv):
         print(f"usage: python -m tinygpt.plot {what} {usage}\n\noptions:{options}")
         return 0
     cfg = load_config(cls, name_positionals(rest, positional))
-    image_kind(cfg.out)  # before any work
-    save(draw(cfg), cfg.out)
+    path = Path(cfg.out)
+    kind = path.suffix.lstrip(".").lower()
+    if kind not in ("png", "svg", "pdf"):  # before any work
+        raise UserError(f"--out {cfg.out}: the name must end in .png, .svg or .pdf")
+    fig = draw(cfg)
+    try:  # whole or not at all: an existing image is replaced only by a finished one
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda f: fig.savefig(f, format=kind))
+    except OSError as e:
+        raise UserError(f"{write_error(path, e)}; pick another --out") from None
+    print(f"wrote {path}")
     return 0
 
 

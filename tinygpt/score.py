@@ -4,11 +4,10 @@
     python -m tinygpt.score --out_dir=out/notes_finetuned --checkpoint=best.pt --input=held_out.txt
     python -m tinygpt.score --init_from=gpt2 --input=notes.txt
 
-Fewer bits is better: a model that always knew the next character would need 0, one that guessed uniformly
-among 65 characters log2(65) = 6.02. The text is read in non-overlapping windows of the model's block_size, each
-without the context before it, exactly as train.py measures its whole val split (--eval_iters=0): the text of a
-prepared data set's val split scores what the trainer logged as val_bpc. The first token has no context and is
-not scored; bits per character count the characters of the tokens scored.
+Fewer bits is better: 0 for a model always right, log2(65) = 6.02 for a uniform guess among 65 characters. The text
+is read in non-overlapping windows of the model's block_size, each without the context before it, as train.py reads
+its whole val split (--eval_iters=0), so a prepared data set's val text scores the val_bpc the trainer logged. The
+first token has no context and is not scored; bits per character count the characters of the tokens scored.
 """
 
 from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
