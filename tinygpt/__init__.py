@@ -1,6 +1,2 @@
-"""What the four scripts stand on: each module one job behind well-named calls.
-
-The story is in model.py, prepare.py, train.py and sample.py; this package holds the how.
-The other commands run from here: python -m tinygpt.score, python -m tinygpt.plot,
-python bench/ladder.py.
-"""
+"""What the four scripts (model.py, prepare.py, train.py, sample.py) stand on: each module one job behind
+well-named calls. Other commands run from here too: python -m tinygpt.score, tinygpt.plot, tinygpt.export."""

@@ -1,9 +1,4 @@
-"""Sizing a run to its data and to the time it has: the rule, and the arithmetic of the time.
-
-    python train.py --data_dir=data/notes_char                 # no preset: sized for the data, 5 minutes
-    python train.py --data_dir=data/notes_char --max_time=30m
-    python train.py config/shakespeare_char_cpu_fast.toml --max_time=2m   # the preset's model, steps for 2 minutes
-
+"""Sizing a run to its data and to the time it has (--max_time): the rule, and the arithmetic of the time.
 With no preset, `choose_run` picks the model from the data and the compute the time buys here (train.py
 times a few real steps); `Budget` fits the steps to the time, and again to the loop's own times, so the
 schedule ends on time. The measurements: docs/own_text.md.
