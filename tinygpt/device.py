@@ -51,9 +51,6 @@ def padded_vocab_size(n, multiple=64):
     return -(-n // multiple) * multiple
 
 
-# --- Memory -------------------------------------------------------------------------------------
-
-
 def memory_size(device):
     """(bytes, what) of the memory a model on device lives in: the GPU's free memory, the share of shared memory
     Metal lets mps use, else the machine's RAM within a container's limit; (None, what) where none is said."""
@@ -125,9 +122,6 @@ def gigabytes(n):
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
 
 
-# --- Dtype, compile, MFU --------------------------------------------------------------------------
-
-
 def pick_dtype(name, device_type, training=False):
     """The dtype of the matmuls. auto: on a CUDA GPU bf16 where it has it, else fp16; elsewhere fp32, but bf16 to
     train on a CPU that has it natively (cpu_has_bf16): sampling's one token at a time is too little work to pay."""
@@ -194,9 +188,6 @@ def mfu(device_type, params, cfg, tokens_per_s):
 def train_flops_per_token(params, n_layer, n_embd, block_size):
     """Forward and backward: 6 per weight a token passes through, plus attention over the context."""
     return 6 * params + 12 * n_layer * n_embd * block_size
-
-
-# --- Processes ------------------------------------------------------------------------------------
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""Where a script meets its operating system (signals, streams, memory, renames), and all that differs
-between Linux, macOS and Windows. Every script imports it first."""
+"""Where a script meets its operating system, and all that differs between Linux, macOS and Windows. In order:
+what a script's main() meets (signals, output streams that close, the exit code), processes and memory,
+directories. Every script imports it first."""
 
 import contextlib
 import ctypes
@@ -16,9 +17,6 @@ from config import UserError
 WINDOWS = sys.platform == "win32"
 LINUX = sys.platform.startswith("linux")
 _IMPORTED = time.time()
-
-
-# --- What main() meets: Ctrl-C and other signals, output streams that close, the exit code ----------
 
 
 def interrupted(signum, frame):
@@ -57,9 +55,8 @@ def raise_interrupted(signum, frame):
 
 
 def cli(main):
-    """Wraps main(argv) -> exit code: a UserError becomes one line and exit 2, Ctrl-C, SIGTERM or SIGHUP one
-    line and exit 128 + the signal, and a closed stdout or stderr stops the printing, not the work (Guarded,
-    while main runs). In a script (not a program importing it) a signal after main() is ignored: it is done."""
+    """Wraps main(argv) -> exit code: a UserError is one line and exit 2, a stop signal one line and 128 + it, and
+    a closed stdout or stderr stops the printing, not the work (Guarded). A script ignores a signal after main()."""
 
     def wrapper(argv=None):
         ours = [s for s in stop_signals() if signal.getsignal(s) is interrupted]  # a script's: set at its import
@@ -90,9 +87,8 @@ def cli(main):
 
 
 def exit(code):
-    """Ends the script with exit code `code` once its output is out, without Python's clean-up, which took
-    0.5-0.9 s a run freeing torch and under torchrun could abort the process (docs/results.md). Under a tracer
-    or a profiler (coverage, python -m cProfile), which reports at the exit, sys.exit(code) instead."""
+    """Ends the script with `code` once its output is out, skipping Python's clean-up (0.5-0.9 s freeing torch, an
+    abort under torchrun: docs/results.md), unless a tracer or profiler that reports at the exit runs (coverage)."""
     if "RANK" not in os.environ and (sys.gettrace() or sys.getprofile()):
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):
@@ -106,9 +102,8 @@ class Stopped(BaseException):
 
 
 class Stop:
-    """While active, a stop signal asks the run to stop, and a second one ends it at once. Before the loop (no
-    `model`) one ends the script as Ctrl-C does (cleanups run, exit 128 + the signal). In the loop it sets `signum`:
-    the loop finishes its step, saves and exits so; in an evaluation (eval mode) it also raises Stopped."""
+    """While active, a stop signal asks the run to stop and a second ends it. Before the loop (no `model`) one ends
+    it as Ctrl-C does. In the loop it sets `signum`: the step ends, saves, exits so; an evaluation gets Stopped."""
 
     def __enter__(self):
         self.signum, self.model = None, None
@@ -163,9 +158,6 @@ class Guarded:
 
     def __getattr__(self, name):  # isatty, fileno, encoding, ... as the stream has them
         return getattr(self.stream, name)
-
-
-# --- Processes and memory -------------------------------------------------------------------------
 
 
 def cpu_count():
@@ -236,9 +228,6 @@ def process_age():
         return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return time.time() - _IMPORTED
-
-
-# --- Directories ------------------------------------------------------------------------------------
 
 
 def cache_dir():
