@@ -221,11 +221,10 @@ def keep_freed_memory():
 def process_age():
     """Seconds since this process started (a budget counts Python's start-up): from /proc, else since this import."""
     try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time since boot
-        with open("/proc/uptime", encoding="ascii") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+        with open("/proc/self/stat", encoding="ascii") as stat, open("/proc/uptime", encoding="ascii") as uptime:
+            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: start time since boot
+            seconds_up = float(uptime.read().split()[0])
+        return max(0.0, seconds_up - started_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return time.time() - _IMPORTED
 
