@@ -1,11 +1,6 @@
-"""Where the work runs: the device, whether a model fits in its memory, the dtype, torch.compile, the
-peak for MFU; and the processes that share a run under torchrun, each on its own device.
-
-    torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_char.toml
-
-PyTorch's DistributedDataParallel averages the gradients; what else must be the same on every
-process (a plan, a decision to stop) is rank 0's, broadcast to all.
-"""
+"""Where the work runs: the device, whether a model fits in its memory, the dtype, torch.compile, the peak for
+MFU; and the processes under torchrun, each on its own device: DDP averages the gradients, and whatever else
+must agree on every process (a plan, a decision to stop) is rank 0's, broadcast."""
 
 import contextlib
 import dataclasses
@@ -33,11 +28,11 @@ PEAK_FLOPS = [(r"H100.*PCIe", 756e12), (r"H100.*NVL", 835e12), (r"H100", 989e12)
               (r"\bL4\b", 121e12), (r"RTX 4090", 165e12)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NAMES = dict(zip(DTYPES.values(), DTYPES))  # dtype -> its name
+SMALLER = "make it smaller (--n_layer, --n_embd, --block_size, --batch_size)"  # a model that does not fit
 
 
 def choose_device(name):
-    """The device name asks for, if this machine has it (auto: cuda, then mps, then cpu); else a UserError
-    saying what to use."""
+    """The device name asks for if this machine has it (auto: cuda, then mps, then cpu), else a UserError."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     try:
@@ -56,13 +51,9 @@ def padded_vocab_size(n, multiple=64):
     return -(-n // multiple) * multiple
 
 
-# --- Memory -------------------------------------------------------------------------------------
-
-
 def memory_size(device):
-    """(bytes, what) of the memory a model on device lives in: the GPU's free memory; on Apple Silicon (mps) the
-    share of the memory it shares with the CPU that Metal lets the GPU use; else the machine's RAM,
-    within a container's limit if it sets one. (None, what) where the system does not say."""
+    """(bytes, what) of the memory a model on device lives in: the GPU's free memory, the share of shared memory
+    Metal lets mps use, else the machine's RAM within a container's limit; (None, what) where none is said."""
     if device.startswith("cuda"):
         return torch.cuda.mem_get_info(torch.device(device))[0], f"{device}'s free memory"
     if device.startswith("mps"):
@@ -75,11 +66,10 @@ def memory_size(device):
 
 
 def training_memory(mconf, batch_size, block_size, shrink=1):
-    """(parameters, bytes) of training mconf on batches of (batch_size, block_size): at
-    least each parameter's fp32 weight, gradient and two AdamW moments (16 bytes), the
-    buffers, what the forward pass keeps for the backward one, and the logits' gradient (those two
-    divided by shrink: 2 in 16 bits). Measured on the meta device, which has shapes but no data: no
-    memory and no time, however large the model. The blocks are alike: models of 0 and 1 block tell all."""
+    """(parameters, bytes) of training mconf on (batch_size, block_size) batches: 16 bytes a parameter (fp32
+    weight, gradient, AdamW's two moments), the buffers, and what the backward keeps plus the logits' gradient,
+    both divided by shrink (2 in 16 bits). Measured on the meta device, which has shapes but no data: no memory,
+    no time. The blocks are alike: models of 0 and 1 block tell all."""
     def measure(n_layer):
         with torch.device("meta"):
             model = GPT(dataclasses.replace(mconf, n_layer=n_layer))
@@ -94,18 +84,14 @@ def training_memory(mconf, batch_size, block_size, shrink=1):
             model(idx, idx)
         return model.num_params(), sum(b.numel() for b in model.buffers()), sum(kept.values())
 
-    (params0, buffers0, kept0), (params1, buffers1, kept1) = measure(0), measure(1)
-    n_params = params0 + mconf.n_layer * (params1 - params0)
-    n_buffers = buffers0 + mconf.n_layer * (buffers1 - buffers0)
-    kept = kept0 + mconf.n_layer * (kept1 - kept0)
+    n_params, n_buffers, kept = (zero + mconf.n_layer * (one - zero) for zero, one in zip(measure(0), measure(1)))
     return n_params, 16 * n_params + 4 * n_buffers + (kept + 4 * batch_size * block_size * mconf.vocab_size) // shrink
 
 
 def memory_bound(mconf, batch_size, block_size, shrink=1):
-    """At least what training_memory(mconf, batch_size, block_size) measures, from the config's numbers alone:
-    microseconds, where the measurement's first meta op imports torch's meta kernels and sympy (over a second).
-    Every block is counted as a full one (attention, feed-forward, LayerNorm): within 2x of the measurement
-    for a GPT, and higher for the ladder's first rungs, which are small."""
+    """At least what training_memory measures, from the config's numbers alone: microseconds, where its first
+    meta op imports torch's meta kernels and sympy (over a second). Every block counts as a full one: within 2x
+    of the measurement for a GPT, higher for the ladder's first rungs (small)."""
     C, V, T, L, tokens = mconf.n_embd, mconf.vocab_size, block_size, mconf.n_layer, batch_size * block_size
     params = L * (12 * C * C + 13 * C) + C * (2 * V + 2 + mconf.block_size)  # at most
     # Kept for the backward pass, per token and layer: 26 fp32 rows of C (the LayerNorms' inputs, q, k, v, the
@@ -126,25 +112,19 @@ def check_model_fits(mconf, batch_size, block_size, device, dtype):
     try:
         n_params, needed = training_memory(mconf, batch_size, block_size, shrink)
     except (RuntimeError, OverflowError) as e:  # sizes past what a tensor can have
-        raise UserError(f"the model is too large to build ({str(e).splitlines()[0][:120]}); "
-                        "make it smaller (--n_layer, --n_embd, --block_size, --batch_size)") from None
+        raise UserError(f"the model is too large to build ({str(e).splitlines()[0][:120]}); {SMALLER}") from None
     if needed > size:
         raise UserError(f"training a model of {n_params:,} parameters on batches of {batch_size} x {block_size} "
-                        f"tokens needs at least {gigabytes(needed)}, and {where} is {gigabytes(size)}; make it "
-                        "smaller (--n_layer, --n_embd, --block_size, --batch_size)")
+                        f"tokens needs at least {gigabytes(needed)}, and {where} is {gigabytes(size)}; {SMALLER}")
 
 
 def gigabytes(n):
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
 
 
-# --- Dtype, compile, MFU --------------------------------------------------------------------------
-
-
 def pick_dtype(name, device_type, training=False):
-    """The dtype of the matmuls. auto: bf16 on a CUDA GPU that has it (else fp16); on a CPU, bf16 for
-    training where it multiplies bf16 natively (cpu_has_bf16), else fp32, as on Apple Silicon (mps).
-    Sampling stays fp32 off CUDA: one token at a time is too little work for bf16 to pay."""
+    """The dtype of the matmuls. auto: on a CUDA GPU bf16 where it has it, else fp16; elsewhere fp32, but bf16 to
+    train on a CPU that has it natively (cpu_has_bf16): sampling's one token at a time is too little work to pay."""
     if name != "auto":
         return DTYPES[name]
     if device_type == "cuda":
@@ -153,9 +133,8 @@ def pick_dtype(name, device_type, training=False):
 
 
 def cpu_has_bf16():
-    """Whether this CPU multiplies bf16 matrices natively (avx512_bf16 or AMX, as torch reports them): there
-    a training step of the CPU presets takes about half as long in bf16; other CPUs emulate bf16, slower
-    than fp32. Read from the CPU, not timed, so that a busy machine never changes a run's numerics."""
+    """Whether this CPU multiplies bf16 matrices natively (avx512_bf16 or AMX), where the CPU presets' step takes
+    half as long in bf16 (others emulate it, slower than fp32). Read, not timed: a busy machine changes nothing."""
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
@@ -201,8 +180,7 @@ def peak_flops(device_type):
 
 
 def mfu(device_type, params, cfg, tokens_per_s):
-    """The share of the device's dense bf16 peak that training a model of params (cfg's shape) at tokens_per_s
-    uses; None on a CPU, or a GPU not in PEAK_FLOPS."""
+    """Training params (cfg's shape) at tokens_per_s as a share of the GPU's bf16 peak; None without a peak."""
     peak = peak_flops(device_type)
     return peak and train_flops_per_token(params, cfg.n_layer, cfg.n_embd, cfg.block_size) * tokens_per_s / peak
 
@@ -210,9 +188,6 @@ def mfu(device_type, params, cfg, tokens_per_s):
 def train_flops_per_token(params, n_layer, n_embd, block_size):
     """Forward and backward: 6 per weight a token passes through, plus attention over the context."""
     return 6 * params + 12 * n_layer * n_embd * block_size
-
-
-# --- Processes ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -236,8 +211,7 @@ class Processes:
         return tuple(numbers) if self.world == 1 else self._sync(numbers, torch.float64, dist.broadcast, src=0)
 
     def all_max(self, numbers):
-        """Each number's largest value over the processes, on every process: any one's stop request
-        (a signal's number), or trouble (a non-finite loss: 1), is every process's."""
+        """Each number's maximum over the processes: one's stop request (a signal) or trouble is every process's."""
         return tuple(numbers) if self.world == 1 else self._sync(numbers, torch.int64, dist.all_reduce, op=ReduceOp.MAX)
 
     def _sync(self, numbers, dtype, collective, **kwargs):
@@ -247,10 +221,8 @@ class Processes:
         return tuple(t.tolist())
 
     def fail_together(self):
-        """A block that may end in a UserError on some processes and not others (rank 0 alone writes
-        to out_dir; a process's own device): afterwards every process learns whether any failed, and
-        then each raises a UserError, the first failing rank's message printed once, so all exit 2
-        rather than some waiting forever in a collective for the others. Alone, a plain block."""
+        """A block that may raise a UserError on some processes only (rank 0 alone writes out_dir): then all raise
+        one, the first failing rank's message printed once, none left waiting in a collective. Alone, a plain block."""
         return contextlib.nullcontext() if self.world == 1 else self._fail_together()
 
     @contextlib.contextmanager
@@ -274,8 +246,7 @@ class Processes:
 
 @contextlib.contextmanager
 def peer_lost():
-    """Under torchrun, a collective that another process left (a signal stopped it while starting, or it failed)
-    is one line, not gloo's or NCCL's RuntimeError traceback."""
+    """Under torchrun, a collective that another process left (stopped or failed): one line, not a traceback."""
     try:
         yield
     except RuntimeError as e:
@@ -287,8 +258,7 @@ def peer_lost():
 
 
 def start_processes(device_name):
-    """This process: alone, or (started by torchrun, which sets RANK) one of a process group, on
-    the GPU of its LOCAL_RANK, talking over NCCL (GPUs) or gloo (CPUs)."""
+    """This process: alone, or one of torchrun's (RANK set) on the GPU of its LOCAL_RANK, over NCCL or gloo."""
     device = choose_device(device_name)
     if device == "cpu":
         keep_freed_memory()

@@ -1,11 +1,6 @@
-"""Where a script meets its operating system (signals, streams, memory, renames), and all that differs
-between Linux, macOS and Windows.
-
-Importing this module first (every script does) makes Ctrl-C while torch loads (it takes seconds)
-end the script with one line, not a traceback through the import machinery: only a script of this
-repository (or python -m tinygpt.X), and only until its main() starts, where cli puts Python's own
-handler back. A test or program that imports a script keeps its own Ctrl-C.
-"""
+"""Where a script meets its operating system, and all that differs between Linux, macOS and Windows. In order:
+what a script's main() meets (signals, output streams that close, the exit code), processes and memory,
+directories. Every script imports it first."""
 
 import contextlib
 import ctypes
@@ -22,9 +17,6 @@ from config import UserError
 WINDOWS = sys.platform == "win32"
 LINUX = sys.platform.startswith("linux")
 _IMPORTED = time.time()
-
-
-# --- Ctrl-C, other signals, and the exit code ------------------------------------------------------
 
 
 def interrupted(signum, frame):
@@ -44,6 +36,8 @@ def stop_signals():
     return tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
+# While torch loads (seconds), Ctrl-C ends a script of ours with one line, not a traceback through the imports,
+# until its main() starts (cli takes over). A test or program that imports a script keeps its own Ctrl-C.
 _script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
 _package = os.path.dirname(os.path.abspath(__file__))
 if os.path.dirname(os.path.abspath(_script)) in (_package, os.path.dirname(_package)):  # ours, or python -m tinygpt.X
@@ -53,12 +47,7 @@ if os.path.dirname(os.path.abspath(_script)) in (_package, os.path.dirname(_pack
 
 
 class Interrupted(KeyboardInterrupt):
-    """A stop signal while a script's main() runs: SIGTERM and SIGHUP end it as Ctrl-C does, so the blocks it
-    leaves clean up as they end (a staging directory goes), then it exits 128 + the signal."""
-
-    def __init__(self, signum=signal.SIGINT):
-        super().__init__()
-        self.signum = signum
+    """A stop signal while main() runs (args: its number): ends main() as Ctrl-C does, its blocks cleaning up."""
 
 
 def raise_interrupted(signum, frame):
@@ -66,9 +55,8 @@ def raise_interrupted(signum, frame):
 
 
 def cli(main):
-    """Wraps main(argv) -> exit code: a UserError becomes one line and exit 2, Ctrl-C, SIGTERM or SIGHUP one
-    line and exit 128 + the signal, and a closed stdout or stderr stops the printing, not the work (Guarded,
-    while main runs). In a script (not a program importing it) a signal after main() is ignored: it is done."""
+    """Wraps main(argv) -> exit code: a UserError is one line and exit 2, a stop signal one line and 128 + it, and
+    a closed stdout or stderr stops the printing, not the work (Guarded). A script ignores a signal after main()."""
 
     def wrapper(argv=None):
         ours = [s for s in stop_signals() if signal.getsignal(s) is interrupted]  # a script's: set at its import
@@ -85,7 +73,7 @@ def cli(main):
                 print(f"error: {e}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as e:
-            signum = getattr(e, "signum", signal.SIGINT)
+            signum = e.args[0] if isinstance(e, Interrupted) else signal.SIGINT
             print("interrupted" if signum == signal.SIGINT else f"stopped by {signal_name(signum)}", file=sys.stderr)
             return 128 + signum
         finally:
@@ -99,11 +87,8 @@ def cli(main):
 
 
 def exit(code):
-    """Ends the script with exit code `code` once its output is out, without Python's clean-up: everything
-    is written and closed by then, and freeing torch's modules took 0.5-0.9 s more of each run (5% of a
-    300-step CPU run); under torchrun it could free a tensor gloo's thread still held, which aborted the
-    process (exit -6 in 2 of 24 two-process tests). Under a tracer or a profiler (coverage, python -m cProfile),
-    which reports at the exit, sys.exit(code) instead."""
+    """Ends the script with `code` once its output is out, skipping Python's clean-up (0.5-0.9 s freeing torch, an
+    abort under torchrun: docs/results.md), unless a tracer or profiler that reports at the exit runs (coverage)."""
     if "RANK" not in os.environ and (sys.gettrace() or sys.getprofile()):
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):
@@ -117,10 +102,8 @@ class Stopped(BaseException):
 
 
 class Stop:
-    """While active, the stop signals ask the run to stop, and a second one ends it at once. Before the loop
-    (no `model`, the one it trains) one ends the script as Ctrl-C does: one line, cleanups run (out_dir's
-    lock is let go), exit 128 + the signal. In the loop it sets `signum`: the loop finishes its step, saves,
-    and exits so; while the model is in eval mode (an evaluation) it also raises Stopped, between batches."""
+    """While active, a stop signal asks the run to stop and a second ends it. Before the loop (no `model`) one ends
+    it as Ctrl-C does. In the loop it sets `signum`: the step ends, saves, exits so; an evaluation gets Stopped."""
 
     def __enter__(self):
         self.signum, self.model = None, None
@@ -143,14 +126,9 @@ class Stop:
             signal.signal(s, handler)
 
 
-# --- Output streams -----------------------------------------------------------------------------
-
-
 class Guarded:
-    """A text stream that swallows its own write errors: `train.py ... | head -1` closes the pipe after
-    one line, a hangup closes the terminal, stdout may be a file on a full disk, and each would raise on
-    the next print and kill a run that has nothing wrong with it. The first failed write points the
-    stream's file descriptor at /dev/null (`lost`), so Python's own flush at exit finds nothing to say."""
+    """A text stream that swallows its write errors (`| head -1`, a hangup, a full disk) rather than end a sound run;
+    the first points its file descriptor at /dev/null (`lost`), so Python's flush at exit finds nothing to say."""
 
     def __init__(self, stream):
         self.stream, self.lost = stream, False
@@ -180,9 +158,6 @@ class Guarded:
 
     def __getattr__(self, name):  # isatty, fileno, encoding, ... as the stream has them
         return getattr(self.stream, name)
-
-
-# --- Processes and memory -------------------------------------------------------------------------
 
 
 def cpu_count():
@@ -227,39 +202,31 @@ def memory_bytes():
 
 def _windows_memory_bytes():
     class MemoryStatus(ctypes.Structure):  # MEMORYSTATUSEX
-        _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong)] + [
-            (name, ctypes.c_ulonglong) for name in ("total", "avail", "page", "avail_page", "virt", "avail_virt",
-                                                     "avail_ext")]
+        _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong), ("total", ctypes.c_ulonglong),
+                    ("rest", ctypes.c_ulonglong * 6)]  # avail, page, avail_page, virt, avail_virt, avail_ext
     status = MemoryStatus(length=ctypes.sizeof(MemoryStatus))
     return status.total if ctypes.WinDLL("kernel32").GlobalMemoryStatusEx(ctypes.byref(status)) else None
 
 
-def keep_freed_memory(mmap_threshold=32 << 20, trim_threshold=1 << 30):
-    """Tells glibc's malloc to keep freed memory for the next allocation instead of handing it back to
-    the system; False off glibc. A CPU step frees and allocates the same activations every step, and by
-    default glibc gives large freed blocks back, so the next step faults each page in again, zeroed by
-    the kernel: the classic preset's step took 10% longer (docs/results.md)."""
+def keep_freed_memory():
+    """Tells glibc's malloc to keep freed memory for the next allocation; False off glibc. By default it gives
+    large blocks back, and each CPU step faults them in again, zeroed: 10% of the classic step (docs/results.md)."""
     if not LINUX or platform.libc_ver()[0] != "glibc":
         return False
-    # M_MMAP_THRESHOLD is -3, M_TRIM_THRESHOLD -1 (<malloc.h>); either one also stops glibc's own adjusting.
+    # M_MMAP_THRESHOLD (-3) to 32 MiB, M_TRIM_THRESHOLD (-1) to 1 GiB (<malloc.h>); either stops glibc's adjusting.
     mallopt = ctypes.CDLL(None).mallopt
-    return bool(mallopt(-3, mmap_threshold) and mallopt(-1, trim_threshold))
+    return bool(mallopt(-3, 32 << 20) and mallopt(-1, 1 << 30))
 
 
 def process_age():
-    """Seconds since this process started: a time budget counts Python's start-up too. Linux says
-    when the process started (/proc); elsewhere the clock starts when this module is imported."""
+    """Seconds since this process started (a budget counts Python's start-up): from /proc, else since this import."""
     try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time since boot
-        with open("/proc/uptime", encoding="ascii") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+        with open("/proc/self/stat", encoding="ascii") as stat, open("/proc/uptime", encoding="ascii") as uptime:
+            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: start time since boot
+            seconds_up = float(uptime.read().split()[0])
+        return max(0.0, seconds_up - started_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return time.time() - _IMPORTED
-
-
-# --- Directories ------------------------------------------------------------------------------------
 
 
 def cache_dir():
@@ -275,8 +242,7 @@ def cache_dir():
 
 
 def sync_directory(path):
-    """Makes a rename or a new name in directory path durable (a power cut keeps it). Windows opens
-    no directory as a file; its file system journals the rename itself."""
+    """Makes a rename or a new name in directory path durable; on Windows its file system journals it itself."""
     if WINDOWS:
         return
     fd = os.open(path, os.O_RDONLY)
@@ -287,8 +253,7 @@ def sync_directory(path):
 
 
 def exchange(a, b):
-    """Swaps directories a and b in one step (Linux renameat2 RENAME_EXCHANGE): at every
-    moment each name holds one whole directory. False where the system cannot do it."""
+    """Swaps directories a and b atomically (Linux renameat2 RENAME_EXCHANGE); False where the system cannot."""
     if not LINUX:
         return False
     try:
