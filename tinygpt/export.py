@@ -1,9 +1,5 @@
 """Writes a trained model in a standard format, for use outside this repository, and reads one back.
 
-    python -m tinygpt.export --out_dir=out/notes_char --to=exports/notes                   # Hugging Face
-    python -m tinygpt.export --out_dir=out/notes_char --to=exports/notes_onnx --format=onnx
-    python sample.py --init_from=exports/notes --start="ROMEO:"                             # and back
-
 hf: for transformers, a GPT-2 (learned positions) or GPT-NeoX (rotary) computing what model.GPT does; onnx: model.onnx,
 ids (batch, seq) -> logits (batch, seq, vocab), seq up to block_size. Both write a tokenizer.json; a switch neither
 architecture has is refused, never approximated. What each holds, the packages it needs, how to load it: docs/export.md.

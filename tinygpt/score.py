@@ -1,9 +1,5 @@
 """Scores a text file with a model: how well it predicts the text, in bits per character and per token.
 
-    python -m tinygpt.score --out_dir=out/shakespeare_char_cpu_fast --input=notes.txt
-    python -m tinygpt.score --out_dir=out/notes_finetuned --checkpoint=best.pt --input=held_out.txt
-    python -m tinygpt.score --init_from=gpt2 --input=notes.txt
-
 Fewer bits is better: 0 for a model always right, log2(65) = 6.02 for a uniform guess among 65 characters. The text
 is read in non-overlapping windows of the model's block_size, each without the context before it, as train.py reads
 its whole val split (--eval_iters=0), so a prepared data set's val text scores the val_bpc the trainer logged. The
