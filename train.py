@@ -157,8 +157,8 @@ def set_up(cfg, sources, procs, lock):
             lock.acquire()  # a run that fails to start changes nothing
         data = dataset.load_data(cfg.data_dir)
     with procs.fail_together():
-        pretrained = weights.load_weights(cfg.init_from, cfg.out_dir) if cfg.init_from not in ("scratch", "resume") \
-            else None
+        fine_tune = cfg.init_from not in ("scratch", "resume")  # from the weights --init_from names
+        pretrained = weights.load_weights(cfg.init_from, cfg.out_dir) if fine_tune else None
         ckpt = files.checkpoint_to_resume(saved(cfg), cfg, procs.device)
         if ckpt is not None:  # a resumed run keeps the settings it started with
             cfg = weights.resumed_config(ckpt, cfg, sources, procs.device_type)
@@ -168,7 +168,7 @@ def set_up(cfg, sources, procs, lock):
         cfg = dataclasses.replace(cfg, dtype=device.NAMES[dtype])
         preset = any(where != "command line" for where in sources.values())
         timed = ckpt is None and (cfg.max_time or not (preset or "max_iters" in sources))
-        sized = not (ckpt or pretrained or preset or all(k in sources for k in budget.SIZED))
+        sized = ckpt is None and pretrained is None and not (preset or all(k in sources for k in budget.SIZED))
         speeds = budget.Speeds(device.machine(procs.device, dtype), data[0]["vocab_size"]) \
             if (timed or sized) and procs.world == 1 else None  # what this machine timed before
         time_budget = budget.Budget(cfg, sources, speeds) if timed else None
