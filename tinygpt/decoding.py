@@ -2,6 +2,8 @@
 keeps the keys and values of those it has seen (KVCache), and picks each next token from the logits (sample_next).
 """
 
+import contextlib
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -188,11 +190,16 @@ def unrolled_step(model):
     return step
 
 
+@contextlib.contextmanager
 def faster_cpu_kernels(positions):
-    """PyTorch's own CPU kernels instead of oneDNN's where they are the faster (docs/results.md): in fp32,
-    1.0-1.3x as fast, and in bf16 for one position. bf16 on many positions keeps oneDNN: 5x as fast there."""
-    enabled = torch.backends.mkldnn.enabled and positions > 1 and torch.is_autocast_enabled("cpu")
-    return torch.backends.mkldnn.flags(enabled, deterministic=None, allow_tf32=None, fp32_precision=None)
+    """PyTorch's own CPU kernels instead of oneDNN's where faster (docs/results.md): fp32, 1.0-1.3x, and bf16 on one
+    position; bf16 on many keeps oneDNN (5x there). Set by hand: mkldnn.flags' arguments differ across torch 2.x."""
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = enabled and positions > 1 and torch.is_autocast_enabled("cpu")
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = enabled
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
