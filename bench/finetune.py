@@ -37,11 +37,7 @@ from recipes import train as run_train  # noqa: E402
 
 import prepare  # noqa: E402
 from config import UserError, load_config, option  # noqa: E402
-from tinygpt import (  # noqa: E402
-    dataset,
-    system,  # noqa: E402
-    textfiles,
-)
+from tinygpt import dataset, prompts, system  # noqa: E402
 from tinygpt.files import load_checkpoint  # noqa: E402
 from tinygpt.tokenizer import tokenizer_from_meta  # noqa: E402
 
@@ -72,7 +68,7 @@ def other_text(path, out_dir):
         raise UserError(f"--text {path} not found{hint}; pass a text file of your own: --text=FILE")
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.is_symlink())
     joined = out_dir / f"{path.name}.txt"
-    joined.write_text("\n\n".join(textfiles.read_text(p)[0].strip() for p in files) + "\n", encoding="utf-8")
+    joined.write_text("\n\n".join(prompts.read_text(p, "--text").strip() for p in files) + "\n", encoding="utf-8")
     return joined
 
 

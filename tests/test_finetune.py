@@ -173,3 +173,14 @@ def test_a_runs_directory_fine_tunes_from_its_best_checkpoint_as_sample_py_reads
                                                                                       capsys):
     assert finetune(base.parent, other_data, tmp_path / "out", "--max_iters=2") == 0
     assert f"fine-tuning {base.parent / 'best.pt'}: " in capsys.readouterr().out
+
+
+def test_the_finetune_bench_joins_a_directorys_text_files_in_name_order(tmp_path):
+    import finetune  # bench/finetune.py
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "b.txt").write_text("second\n", encoding="utf-8")
+    (texts / "a.txt").write_text("  first  \n", encoding="utf-8")
+    joined = finetune.other_text(texts, tmp_path)
+    assert joined.read_text(encoding="utf-8") == "first\n\nsecond\n"
