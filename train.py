@@ -157,7 +157,7 @@ def set_up(cfg, sources, procs, lock):
             lock.acquire()  # a run that fails to start changes nothing
         data = dataset.load_data(cfg.data_dir)
     with procs.fail_together():
-        fine_tune = cfg.init_from not in ("scratch", "resume")  # from the weights --init_from names
+        fine_tune = cfg.init_from not in ("scratch", "resume")
         pretrained = weights.load_weights(cfg.init_from, cfg.out_dir) if fine_tune else None
         ckpt = files.checkpoint_to_resume(saved(cfg), cfg, procs.device)
         if ckpt is not None:  # a resumed run keeps the settings it started with
