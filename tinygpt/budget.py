@@ -112,11 +112,9 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     settings = next((s for s in reversed(shapes) if fed(s)), shapes[0])  # the largest the budget and text feed
     block, total = settings["block_size"], tokens(settings)
     epochs = total / train_tokens
-    # A batch for MIN_STEPS steps; a run that the text ends before the time spends the time left on more steps,
-    # its batch rounded down to a multiple of 8, never up.
+    # A batch for MIN_STEPS steps; a run that the text ends before the time spends the time left on more steps.
     steps = MIN_STEPS * tokens(settings, math.inf) / total
-    eights = (math.floor if total >= data_tokens else round)(total / (block * steps) / 8)
-    batch = given.get("batch_size", max(1, MIN_BATCH_TOKENS // block, min(128, 8 * eights)))
+    batch = given.get("batch_size", max(1, MIN_BATCH_TOKENS // block, min(128, 8 * round(total / (block * steps) / 8))))
     # Dropout: none up to 8 passes, 0.1 more each time they double, at most 0.2, and 0.06 less than that each
     # time the tokens per parameter double from the fewest the rule allows (a model with many still learns).
     per_param = total / block_params(settings["n_layer"], settings["n_embd"])
