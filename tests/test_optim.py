@@ -112,12 +112,16 @@ def test_unknown_optimizer_is_one_error_line(data_dir, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error: ") and "adamw or muon" in err[0]
 
 
-@pytest.mark.parametrize("classic,fast", [("shakespeare_char_cpu", "shakespeare_char_cpu_fast"),
-                                          ("shakespeare_char", "shakespeare_char_fast")])
-def test_fast_presets_train_the_classic_model_with_muon_and_rope(classic, fast):
+@pytest.mark.parametrize("classic,fast,same_model", [("shakespeare_char_cpu", "shakespeare_char_cpu_fast", False),
+                                                     ("shakespeare_char", "shakespeare_char_fast", True)])
+def test_fast_presets_train_the_classic_data_with_muon_and_rope(classic, fast, same_model):
+    """The GPU's fast preset trains the classic's model; the CPU's a smaller one (3 x 96, not 4 x 128), as it
+    reaches the classic's final loss sooner in fp32 and bf16 (docs/fast_recipe.md). Both: the same tokens."""
     load = lambda name: train.load_config(train.TrainConfig, [str(ROOT / "config" / f"{name}.toml")])  # noqa: E731
     a, b = load(classic), load(fast)
-    shape = ("n_layer", "n_head", "n_embd", "block_size", "dropout", "data_dir", "device")
-    assert [getattr(a, k) for k in shape] == [getattr(b, k) for k in shape]
+    shape = ("n_layer", "n_embd") if same_model else ()
+    same = (*shape, "n_head", "block_size", "dropout", "data_dir", "device")
+    assert [getattr(a, k) for k in same] == [getattr(b, k) for k in same]
+    assert same_model or (b.n_layer, b.n_embd) < (a.n_layer, a.n_embd)
     assert (a.optimizer, a.pos, b.optimizer, b.pos) == ("adamw", "learned", "muon", "rope")
     assert a.batch_size * a.max_iters == b.batch_size * b.max_iters  # the same tokens
