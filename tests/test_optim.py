@@ -62,9 +62,12 @@ def test_float32_muon_makes_torchs_bf16_update_to_within_bf16_precision():
 
 
 def test_batched_orthogonalization_equals_one_matrix_at_a_time():
-    G = torch.randn(3, 64, 16)
-    one_by_one = torch.stack([orthogonalize(g[None])[0] for g in G])
-    torch.testing.assert_close(orthogonalize(G), one_by_one)
+    torch.manual_seed(0)
+    stacks = [torch.randn(3, 64, 16), torch.randn(2, 16, 16), torch.randn(2, 16, 48), torch.randn(2, 8, 24)]
+    together = orthogonalize(stacks)  # the first three share one batch: their short side is 16
+    for G, O in zip(stacks, together, strict=True):
+        assert O.shape == G.shape
+        torch.testing.assert_close(O, torch.stack([orthogonalize([g[None]])[0][0] for g in G]))
 
 
 @pytest.mark.parametrize("shape", [(64, 16), (16, 64)])
@@ -73,7 +76,7 @@ def test_orthogonalization_brings_every_singular_value_near_one(shape):
     k = min(shape)
     U, V = torch.linalg.qr(torch.randn(shape[0], k))[0], torch.linalg.qr(torch.randn(shape[1], k))[0]
     G = U @ torch.diag(torch.logspace(-2, 0, k)) @ V.T  # singular values from 0.01 to 1
-    s = torch.linalg.svdvals(orthogonalize(G[None])[0])
+    s = torch.linalg.svdvals(orthogonalize([G[None]])[0][0])
     assert s.min() > 0.5 and s.max() < 1.5  # the quintic's target band, not exactly 1
 
 

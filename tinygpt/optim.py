@@ -11,32 +11,35 @@ from collections import defaultdict
 import torch
 
 
-def orthogonalize(G, coefficients=(3.4445, -4.7750, 2.0315), steps=5, eps=1e-7):
-    """G (N, A, B) -> (N, A, B) in float32: each matrix with its singular values pushed towards 1 by
+def orthogonalize(stacks, coefficients=(3.4445, -4.7750, 2.0315), steps=5, eps=1e-7):
+    """[G (N, A, B), ...] -> the same in float32: each matrix with its singular values pushed towards 1 by
     torch.optim.Muon's quintic Newton-Schulz iteration. Each step maps X to P X with P = a + b X X^T +
-    c (X X^T)^2, a polynomial in the Gram matrix X X^T, so the steps run on the small Gram matrix alone and
-    apply their product to X once at the end: a quarter fewer FLOPs for the CPU preset (docs/results.md)."""
+    c (X X^T)^2, a polynomial in the Gram matrix X X^T, so the steps run on the small Gram matrices alone
+    (a quarter fewer FLOPs for the CPU preset, docs/results.md), all those of one size in one batch, and
+    apply their product to each X once at the end."""
     a, b, c = coefficients
-    X = G.float()
-    tall = X.size(-2) > X.size(-1)
-    if tall:
-        X = X.mT  # work on the short side, so the Gram matrix is the small one
-    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm = 1
-    gram = X @ X.mT  # (N, A, A)
-    eye = torch.eye(gram.size(-1), device=X.device)
-    product = None  # the steps' P, multiplied up
-    for step in range(steps):
-        P = torch.baddbmm(a * eye + b * gram, gram, gram, alpha=c)  # (N, A, A)
-        product = P if product is None else P @ product
-        if step + 1 < steps:  # the last Gram matrix goes unused: with P as the first product, 3 of 20 matmuls saved
-            gram = P @ gram @ P  # the Gram matrix of P X
-    X = product @ X
-    return X.mT if tall else X
+    tall = [G.size(-2) > G.size(-1) for G in stacks]
+    Xs = [G.float().mT if t else G.float() for G, t in zip(stacks, tall)]  # the short side first: a small Gram
+    Xs = [X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps) for X in Xs]  # spectral norm <= Frobenius = 1
+    out = [None] * len(Xs)
+    for size in {X.size(-2) for X in Xs}:
+        group = [i for i, X in enumerate(Xs) if X.size(-2) == size]
+        gram = torch.cat([Xs[i] @ Xs[i].mT for i in group])  # (N, A, A) for all the group's matrices
+        eye = torch.eye(size, device=gram.device)
+        product = None  # the steps' P, multiplied up
+        for step in range(steps):
+            P = torch.baddbmm(a * eye + b * gram, gram, gram, alpha=c)
+            product = P if product is None else P @ product
+            if step + 1 < steps:  # the last Gram matrix goes unused: with P as the first product, 3 of 20 saved
+                gram = P @ gram @ P  # the Gram matrix of P X
+        for i, P in zip(group, product.split([Xs[i].size(0) for i in group])):
+            out[i] = P @ Xs[i]
+    return [X.mT if t else X for X, t in zip(out, tall)]
 
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon with its Newton-Schulz iteration in float32 (TF32 on a GPU), all the matrices of one
-    shape in one batched iteration. torch's iterates one matrix at a time in bfloat16: on a GPU one launch
+    short side in one batched iteration. torch's iterates one matrix at a time in bfloat16: on a GPU one launch
     after another, on a CPU slow (docs/results.md); and orthogonalize's Gram form in bfloat16 put a square
     matrix's update 13% off. Same hyperparameters, same state (a momentum buffer per matrix) and the same
     update to within bf16 precision: tests/test_optim.py."""
@@ -45,23 +48,24 @@ class Muon(torch.optim.Muon):
     def step(self):
         for group in self.param_groups:
             momentum, lr = group["momentum"], group["lr"]
-            by_shape = defaultdict(list)
+            by_shape, stacks = defaultdict(list), []
             for p in group["params"]:
                 if p.grad is not None:
                     by_shape[p.shape].append(p)
-            for (A, B), params in by_shape.items():  # each _foreach_ op: one launch for all, not one each
+            for params in by_shape.values():  # each _foreach_ op: one launch for all, not one each
                 grads = [p.grad for p in params]
                 for p in params:
                     if "momentum_buffer" not in self.state[p]:
                         self.state[p]["momentum_buffer"] = torch.zeros_like(p)
                 bufs = [self.state[p]["momentum_buffer"] for p in params]
                 torch._foreach_lerp_(bufs, grads, 1 - momentum)
-                updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
-                ortho = orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"])
+                stacks.append(torch.stack(torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs))
+            ortho = orthogonalize(stacks, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            for ((A, B), params), O in zip(by_shape.items(), ortho):
                 match_adamw = group["adjust_lr_fn"] == "match_rms_adamw"  # the update's RMS: AdamW's typical 0.2
                 scale = 0.2 * math.sqrt(max(A, B)) if match_adamw else math.sqrt(max(1, A / B))  # torch's "original"
                 torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-                torch._foreach_add_(params, ortho.to(params[0].dtype).unbind(), alpha=-lr * scale)
+                torch._foreach_add_(params, O.to(params[0].dtype).unbind(), alpha=-lr * scale)
 
 
 def muon(matrices, cfg):
