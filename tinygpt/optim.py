@@ -61,8 +61,8 @@ class Muon(torch.optim.Muon):
                 torch._foreach_lerp_(bufs, grads, 1 - momentum)
                 stacks.append(torch.stack(torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs))
             ortho = orthogonalize(stacks, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            match_adamw = group["adjust_lr_fn"] == "match_rms_adamw"  # the update's RMS: AdamW's typical 0.2
             for ((A, B), params), O in zip(by_shape.items(), ortho):
-                match_adamw = group["adjust_lr_fn"] == "match_rms_adamw"  # the update's RMS: AdamW's typical 0.2
                 scale = 0.2 * math.sqrt(max(A, B)) if match_adamw else math.sqrt(max(1, A / B))  # torch's "original"
                 torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
                 torch._foreach_add_(params, O.to(params[0].dtype).unbind(), alpha=-lr * scale)
