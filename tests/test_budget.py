@@ -191,6 +191,24 @@ def test_time_left_after_the_passes_a_text_can_give_goes_to_more_smaller_steps()
     assert steps == sorted(steps) and steps[0] < steps[-1]
 
 
+def test_a_text_read_often_enough_for_dropout_gets_at_least_min_steps_and_others_the_nearest_batch():
+    """With dropout the batch rounds down, so the run takes MIN_STEPS steps or more; without, to the nearest 8."""
+    under = {True: 0, False: 0}  # plans under MIN_STEPS steps, with dropout and without
+    for train_tokens in (100_000, 300_000, 1_000_000, 30_000_000):
+        for gflops in range(20, 400, 7):
+            settings, _ = choose(train_tokens, flops_per_s=gflops * GFLOPS)
+            s, batch = settings, settings["batch_size"]
+            flops = budget.model_flops_per_token(s["n_layer"], s["n_embd"], s["block_size"], 65)
+            tokens = min(budget.MAX_EPOCHS * train_tokens, gflops * GFLOPS * 300 / flops)
+            steps, smallest = tokens / (batch * s["block_size"]), budget.MIN_BATCH_TOKENS // s["block_size"]
+            if batch > smallest and s["dropout"]:
+                assert steps >= budget.MIN_STEPS, (train_tokens, gflops, settings)
+            if batch > smallest:
+                under[bool(s["dropout"])] += steps < budget.MIN_STEPS
+                assert steps >= budget.MIN_STEPS * (batch - 4) / batch  # at most half a multiple of 8 away
+    assert under[False] > 0 and under[True] == 0
+
+
 def test_a_batch_given_on_the_command_line_counts_in_the_cap_on_steps(monkeypatch):
     monkeypatch.setattr(budget, "process_age", lambda: 0.0)
     cfg, given = train.TrainConfig(batch_size=4, max_time="10h"), {"batch_size": "command line"}

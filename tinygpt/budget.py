@@ -114,12 +114,15 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     epochs = total / train_tokens
     # A batch for MIN_STEPS steps; a run that the text ends before the time spends the time left on more steps.
     steps = MIN_STEPS * tokens(settings, math.inf) / total
-    batch = given.get("batch_size", max(1, MIN_BATCH_TOKENS // block, min(128, 8 * round(total / (block * steps) / 8))))
     # Dropout: none up to 8 passes, 0.1 more each time they double, at most 0.2, and 0.06 less than that each
     # time the tokens per parameter double from the fewest the rule allows (a model with many still learns).
     per_param = total / block_params(settings["n_layer"], settings["n_embd"])
     most = 0.2 - 0.06 * math.log2(max(per_param, TOKENS_PER_PARAM) / TOKENS_PER_PARAM)
     dropout = given.get("dropout", round(max(0.0, min(0.1 * math.log2(epochs / 8), most)), 2))
+    # Rounded to a multiple of 8: down where the text is read often enough for dropout, whose runs gain from more,
+    # noisier steps (the Cyrillic text: docs/own_text.md); else to the nearest.
+    to_8 = math.floor if dropout else round
+    batch = given.get("batch_size", max(1, MIN_BATCH_TOKENS // block, min(128, 8 * to_8(total / (block * steps) / 8))))
     eval_iters = 0 if val_tokens <= EVAL_TOKENS else math.ceil(EVAL_TOKENS / (batch * block))  # 0: whole, exact
     decay = 0.0 if dropout else 0.1  # Muon's weight decay, only without dropout: on a text read often, both do worse
     settings.update(RECIPE, batch_size=batch, dropout=dropout, muon_weight_decay=decay, eval_iters=eval_iters)
