@@ -196,14 +196,14 @@ def test_a_text_read_often_enough_for_dropout_gets_at_least_min_steps_and_others
     under = {True: 0, False: 0}  # plans under MIN_STEPS steps, with dropout and without
     for train_tokens in (100_000, 300_000, 1_000_000, 30_000_000):
         for gflops in range(20, 400, 7):
-            settings, _ = choose(train_tokens, flops_per_s=gflops * GFLOPS)
-            s, batch = settings, settings["batch_size"]
-            flops = budget.model_flops_per_token(s["n_layer"], s["n_embd"], s["block_size"], 65)
+            s, _ = choose(train_tokens, flops_per_s=gflops * GFLOPS)
+            batch, block = s["batch_size"], s["block_size"]
+            flops = budget.model_flops_per_token(s["n_layer"], s["n_embd"], block, 65)
             tokens = min(budget.MAX_EPOCHS * train_tokens, gflops * GFLOPS * 300 / flops)
-            steps, smallest = tokens / (batch * s["block_size"]), budget.MIN_BATCH_TOKENS // s["block_size"]
-            if batch > smallest and s["dropout"]:
-                assert steps >= budget.MIN_STEPS, (train_tokens, gflops, settings)
-            if batch > smallest:
+            steps = tokens / (batch * block)
+            if batch > budget.MIN_BATCH_TOKENS // block:  # rounded, not the smallest batch
+                if s["dropout"]:
+                    assert steps >= budget.MIN_STEPS, (train_tokens, gflops, s)
                 under[bool(s["dropout"])] += steps < budget.MIN_STEPS
                 assert steps >= budget.MIN_STEPS * (batch - 4) / batch  # at most half a multiple of 8 away
     assert under[False] > 0 and under[True] == 0
