@@ -121,6 +121,79 @@ def test_the_unrolled_step_leaves_training_hooks_kept_weights_and_replaced_modul
     assert decoding.unrolled_step(model) is None
 
 
+def fake_capture(replays):
+    """decoding.capture without a GPU: the step run as is, then run again where a GPU captures it, and a graph
+    whose replay runs it on the same tensors into that output, as a CUDA graph's does. replays counts them."""
+    def capture(fn):
+        out, replayed = fn(), fn()
+
+        class Graph:
+            def replay(self):
+                replays.append(len(replays))
+                replayed.copy_(fn())
+
+        return out, Graph(), replayed
+
+    return capture
+
+
+GRAPHED = [{}, {"pos": "sinusoidal"}, {"pos": "none"}, {"pos": "rope"}, {"pos": "rope", "window": 6}, {"window": 6},
+           {"vocab_size": 16, "real_vocab_size": 13}]
+
+
+@pytest.mark.parametrize("overrides", GRAPHED)
+def test_a_graphed_step_gives_the_logits_of_model_forward_at_every_position(monkeypatch, overrides):
+    model = tiny_gpt(**overrides)
+    replays = []
+    monkeypatch.setattr(decoding, "capture", fake_capture(replays))
+    step = decoding.unrolled_step(model, graphs=True)
+    steps = 3 * BLOCK if model.config.pos == "rope" else BLOCK - 4  # rope's cache slides past block_size
+    idx = torch.randint(13, (2, 4 + steps))
+    caches = [KVCache(model.config.n_layer, model.config.window or BLOCK) for _ in range(2)]
+    with torch.inference_mode():
+        for cache in caches:
+            model(idx[:, :4], cache=cache)
+        for t in range(4, idx.size(1)):
+            ours = step(idx[:, t : t + 1], caches[0])
+            theirs, _ = model(idx[:, t : t + 1], cache=caches[1], last_only=True)
+            torch.testing.assert_close(ours, theirs, msg=f"position {t}")
+    assert len(replays) == steps - 1  # every step after the first replayed
+    for ours, theirs in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):  # every slot written by now
+        torch.testing.assert_close(ours, theirs)
+
+
+@pytest.fixture
+def uninitialized_memory_is_nan():
+    """torch.empty and its kind fill new tensors with NaN (in deterministic mode), as memory may hold on a GPU."""
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def test_slots_of_the_cache_not_yet_written_hold_zeros_which_a_graphed_step_reads_at_weight_zero(
+        uninitialized_memory_is_nan):
+    model = tiny_gpt()
+    cache = KVCache(model.config.n_layer, BLOCK)
+    with torch.inference_mode():
+        model(torch.randint(13, (2, 4)), cache=cache)
+    assert all(buf[:, :, 4:].eq(0).all() and buf[:, :, :4].ne(0).any() for buf in cache.k + cache.v)
+
+
+@pytest.mark.parametrize("overrides", GRAPHED)
+def test_greedy_tokens_are_identical_with_graphed_steps_and_without_the_cache(monkeypatch, overrides):
+    model = tiny_gpt(**overrides)
+    replays = []
+    monkeypatch.setattr(decoding, "graphs_apply", lambda idx: True)  # as on a CUDA GPU
+    monkeypatch.setattr(decoding, "capture", fake_capture(replays))
+    idx = torch.randint(13, (2, 5))
+    graphed = generate(model, idx, 4 * BLOCK, temperature=0.0)
+    assert replays
+    replays.clear()
+    assert torch.equal(graphed, generate(model, idx, 4 * BLOCK, temperature=0.0, use_cache=False))
+    assert torch.equal(graphed, generate(model, idx, 4 * BLOCK, temperature=0.0, cuda_graphs=False))
+    assert not replays
+
+
 def test_a_prompt_longer_than_block_size_is_cut_to_its_last_block_size_tokens():
     model = tiny_gpt()
     idx = torch.randint(13, (1, 3 * BLOCK))

@@ -29,6 +29,8 @@ class KVCache:
         self.layer = 0  # which layer's extend() comes next
         self.write = 0  # the slot this step's first new position goes to
         self.oldest = 0  # the slot of the oldest position held: 0 until a full cache slides
+        self.slot = None  # for a CUDA graph's step (GraphedStep): the new position's slot, a (1,) tensor
+        self.graph = None  # that GraphedStep, made after the prompt, freed with the cache
 
     def __len__(self):
         return self.length
@@ -78,9 +80,14 @@ class KVCache:
     def extend(self, k, v):
         """Adds this layer's new keys and values; returns them for all S positions."""
         i, self.layer = self.layer, self.layer + 1
+        if self.slot is not None:  # one position, at slot; the whole buffers, of one shape at every step
+            self.k[i].index_copy_(2, self.slot, k)
+            self.v[i].index_copy_(2, self.slot, v)
+            return self.k[i], self.v[i]  # (B, H, max_len, hs)
         if self.v[i] is None:
             B, H, _, hs = v.shape
-            self.k[i], self.v[i] = k.new_empty(B, H, self.max_len, hs), v.new_empty(B, H, self.max_len, hs)
+            # Zeros, not whatever memory held: a graph's step reads every slot, and 0 weight times a NaN is NaN.
+            self.k[i], self.v[i] = k.new_zeros(B, H, self.max_len, hs), v.new_zeros(B, H, self.max_len, hs)
         held, S = self.held, self.length
         if S <= self.max_len:  # room for them: written in place, read as views of the buffers
             self.k[i].narrow(2, self.write, S - held).copy_(k)  # [:, :, write:write + T] = k, a few us sooner
@@ -110,12 +117,13 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, **kwargs):
 
 @torch.inference_mode()  # no_grad, and no version counters or views tracked: 20% more tokens/s on a CPU
 def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-           valid=None, use_cache=True, generator=None, new_cache=KVCache):
+           valid=None, use_cache=True, generator=None, new_cache=KVCache, cuda_graphs=True):
     """Yields the next token (B, 1) of every row, one step at a time; call model.eval() first. Past block_size, with
     rope (attention reads only offsets) the cache slides a token at a time, and without one the model reads the last
     n_layer * (span - 1) + 1 tokens, all the newest depends on when each query sees its span newest keys: both give the
     same tokens. With learned or sinusoidal positions every cached key is wrong once the window moves, so it jumps,
-    dropping its oldest quarter, with a cache or without. new_cache(n_layer, max_len) makes the caches."""
+    dropping its oldest quarter, with a cache or without. new_cache(n_layer, max_len) makes the caches; cuda_graphs:
+    on a CUDA GPU, each cached step replayed from a CUDA graph (GraphedStep)."""
     block = model.config.block_size
     span = model.config.window or block  # the most keys a query sees
     slides = model.config.pos == "rope"
@@ -124,7 +132,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
     idx = idx[:, -block:]
     valid = None if valid is None else valid[:, -block:]
     cache = None
-    step = unrolled_step(model) if valid is None else None  # padding takes model.forward's path
+    step = unrolled_step(model, cuda_graphs and graphs_apply(idx)) if valid is None else None  # padding: forward()
     for _ in range(max_new_tokens):
         if idx.size(1) > reach:
             idx = idx[:, -keep:]
@@ -145,12 +153,13 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
         yield next_token
 
 
-def unrolled_step(model):
+def unrolled_step(model, graphs=False):
     """model.forward for one new token per row after cached ones, unrolled: (token (B, 1), cache) -> logits (B, 1, V),
     the same kernels on the same tensors, so the same logits to the bit, without the Python around the modules: 1.46x
     forward()'s tokens/s for 4 layers of 128 (docs/results.md). It covers the GPT as trained (multi-head dot-product
     attention in the fused kernel, feed-forward, residuals, LayerNorm), any positions, no padding; else, or for a module
-    a caller has hooked or replaced, None: model.forward runs."""
+    a caller has hooked or replaced, None: model.forward runs. graphs: each step replayed from a CUDA graph
+    (GraphedStep), over the whole cache with a mask: the same logits to rounding, not to the bit."""
     c = model.config
     full_gpt = (c.mixer, c.score, c.feedforward, c.residual, c.layernorm, c.fused_attention) == (
         "multihead", "dot", True, True, True, True)
@@ -165,14 +174,12 @@ def unrolled_step(model):
                b.ffwd.c_proj.weight, b.ffwd.c_proj.bias, b.ffwd.approximate) for b in model.blocks]
     table = model.wpe.weight if c.pos == "learned" else model.pos_table if c.pos == "sinusoidal" else None
 
-    def step(token, cache):
+    def core(token, pos, cache, mask=None):  # pos: the token's position, (1,) for rope; mask: the keys it sees
         B = token.size(0)
-        cache.advance(None, 1)
-        pos = cache.seen - 1  # the new token's position
         x = F.embedding(token, model.wte.weight)  # (B, 1, C)
         if table is not None:
             x = x + table[pos]
-        rope = rope_tables(torch.arange(pos, pos + 1, device=x.device), model.rope_rates) if c.pos == "rope" else None
+        rope = rope_tables(pos, model.rope_rates) if c.pos == "rope" else None
         for ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b, gelu in layers:
             h = F.layer_norm(x, (C,), ln1_w, ln1_b, eps)
             qkv = F.linear(h, attn_w, attn_b).view(B, 1, 3, H, C // H).permute(2, 0, 3, 1, 4)  # (3, B, H, 1, hs)
@@ -180,14 +187,73 @@ def unrolled_step(model):
             if rope is not None:
                 q, k = rotate(qkv[:2], rope).unbind(0)
             k, v = cache.extend(k, v)  # (B, H, S, hs)
-            h = fused_attention(q, k, v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
+            h = fused_attention(q, k, v, mask).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
             x = x + F.linear(h, proj_w, proj_b)
             h = F.layer_norm(x, (C,), ln2_w, ln2_b, eps)
             x = x + F.linear(F.gelu(F.linear(h, fc_w, fc_b), approximate=gelu), out_w, out_b)
         x = F.layer_norm(x, (C,), model.ln_f.weight, model.ln_f.bias, eps)
         return F.linear(x, model.lm_head.weight)[..., : c.real_vocab_size]  # (B, 1, V)
 
+    def step(token, cache):
+        cache.advance(None, 1)
+        if graphs:
+            cache.graph = cache.graph or GraphedStep(core, cache, token)
+            return cache.graph(token, cache)
+        pos = cache.seen - 1  # an int: it indexes the table 2% sooner than a tensor
+        return core(token, torch.arange(pos, pos + 1, device=token.device) if c.pos == "rope" else pos, cache)
+
     return step
+
+
+def graphs_apply(idx):
+    """Whether decoding idx replays its steps from CUDA graphs: on a CUDA GPU, where Python's launches are the step."""
+    return idx.is_cuda
+
+
+class GraphedStep:
+    """unrolled_step's core on a CUDA GPU, replayed from a CUDA graph: a token's few hundred kernels in one launch,
+    where launching them from Python takes longer than running them. A graph's shapes and addresses are fixed, so it
+    attends to the cache's whole buffers, the slots not yet written masked out, and reads the token, its position and
+    its slot from tensors that each step fills first. The first step runs as is, then is captured (capture)."""
+
+    def __init__(self, core, cache, token):
+        self.core, self.graph = core, None
+        self.token, self.pos = torch.zeros_like(token), torch.zeros(1, dtype=torch.long, device=token.device)
+        cache.slot = torch.zeros(1, dtype=torch.long, device=token.device)
+        self.filled = torch.zeros(1, cache.max_len, dtype=torch.bool, device=token.device)  # (1, max_len)
+        self.filled[:, : cache.held] = True  # the prompt's
+
+    def __call__(self, token, cache):  # cache: advanced for this step
+        self.token.copy_(token)
+        self.pos.fill_(cache.seen - 1)
+        cache.slot.fill_(cache.write)
+        self.filled[:, cache.write] = True
+        if self.graph is not None:
+            self.graph.replay()
+            return self.logits.clone()  # the next replay writes over self.logits
+
+        def run():  # this step, from its first layer
+            cache.layer = 0
+            return self.core(self.token, self.pos, cache, self.filled)
+
+        logits, self.graph, self.logits = capture(run)
+        return logits
+
+
+def capture(fn):
+    """(fn(), graph, its output): fn run once as is, then again with its kernels captured in a CUDA graph, not run;
+    graph.replay() runs them on the same tensors, into that output. Both on one side stream, so that the libraries'
+    handles for it exist before the capture; autocast's cache of cast weights off in the capture."""
+    stream, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream())
+    uncached = torch.autocast("cuda", torch.get_autocast_dtype("cuda"), torch.is_autocast_enabled("cuda"),
+                              cache_enabled=False)
+    with torch.cuda.stream(stream):
+        out = fn()
+        with torch.cuda.graph(graph, stream=stream), uncached:
+            replayed = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return out, graph, replayed
 
 
 @contextlib.contextmanager
