@@ -79,6 +79,22 @@ def test_decoding_runs_without_onednn_except_bf16_on_many_positions_and_leaves_t
     assert between == [True] * 6 and torch.backends.mkldnn.enabled  # the caller's setting, between steps and after
 
 
+def step_beside_forward(model, step):
+    """step and model.forward, each with its own cache after the same 4-token prompt, one token at a time up to
+    block_size (rope: 3 block sizes, its cache sliding): [(step's logits, forward's)] and the two caches."""
+    steps = 3 * BLOCK if model.config.pos == "rope" else BLOCK - 4
+    idx = torch.randint(13, (2, 4 + steps))
+    caches = [KVCache(model.config.n_layer, model.config.window or BLOCK) for _ in range(2)]
+    logits = []
+    with torch.inference_mode():
+        for cache in caches:
+            model(idx[:, :4], cache=cache)
+        for t in range(4, idx.size(1)):
+            logits.append((step(idx[:, t : t + 1], caches[0]),
+                           model(idx[:, t : t + 1], cache=caches[1], last_only=True)[0]))
+    return logits, caches
+
+
 @pytest.mark.parametrize("overrides", [{}, {"pos": "sinusoidal"}, {"pos": "none"}, {"bias": False, "gelu": "tanh"},
                                        {"pos": "rope"}, {"pos": "rope", "window": 6}, {"window": 6},
                                        {"vocab_size": 16, "real_vocab_size": 13}])
@@ -86,16 +102,8 @@ def test_the_unrolled_step_gives_the_logits_of_model_forward_to_the_bit(override
     model = tiny_gpt(**overrides).float()
     step = decoding.unrolled_step(model)
     assert step is not None
-    steps = 3 * BLOCK if model.config.pos == "rope" else BLOCK - 4  # rope's cache slides past block_size
-    idx = torch.randint(13, (2, 4 + steps))
-    caches = [KVCache(model.config.n_layer, model.config.window or BLOCK) for _ in range(2)]
-    with torch.inference_mode():
-        for cache in caches:
-            model(idx[:, :4], cache=cache)
-        for t in range(4, idx.size(1)):
-            ours = step(idx[:, t : t + 1], caches[0])
-            theirs, _ = model(idx[:, t : t + 1], cache=caches[1], last_only=True)
-            assert ours.shape == (2, 1, 13) and torch.equal(ours, theirs), f"position {t}"
+    logits, caches = step_beside_forward(model, step)
+    assert all(ours.shape == (2, 1, 13) and torch.equal(ours, theirs) for ours, theirs in logits)
     assert all(torch.equal(a, b) for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v))
 
 
@@ -146,18 +154,10 @@ def test_a_graphed_step_gives_the_logits_of_model_forward_at_every_position(monk
     model = tiny_gpt(**overrides)
     replays = []
     monkeypatch.setattr(decoding, "capture", fake_capture(replays))
-    step = decoding.unrolled_step(model, graphs=True)
-    steps = 3 * BLOCK if model.config.pos == "rope" else BLOCK - 4  # rope's cache slides past block_size
-    idx = torch.randint(13, (2, 4 + steps))
-    caches = [KVCache(model.config.n_layer, model.config.window or BLOCK) for _ in range(2)]
-    with torch.inference_mode():
-        for cache in caches:
-            model(idx[:, :4], cache=cache)
-        for t in range(4, idx.size(1)):
-            ours = step(idx[:, t : t + 1], caches[0])
-            theirs, _ = model(idx[:, t : t + 1], cache=caches[1], last_only=True)
-            torch.testing.assert_close(ours, theirs, msg=f"position {t}")
-    assert len(replays) == steps - 1  # every step after the first replayed
+    logits, caches = step_beside_forward(model, decoding.unrolled_step(model, graphs=True))
+    for ours, theirs in logits:
+        torch.testing.assert_close(ours, theirs)
+    assert len(replays) == len(logits) - 1  # every step after the first replayed
     for ours, theirs in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):  # every slot written by now
         torch.testing.assert_close(ours, theirs)
 
