@@ -1,5 +1,6 @@
 """Decoding: the model knows only forward(); this module decides which positions to feed it (stream, generate),
-keeps the keys and values of those it has seen (KVCache), and picks each next token from the logits (sample_next).
+keeps the keys and values of those it has seen (KVCache), steps one token through the model unrolled (on a CUDA GPU
+replayed from a CUDA graph), and picks each next token from the logits (sample_next).
 """
 
 import contextlib
@@ -78,7 +79,8 @@ class KVCache:
         return all_valid
 
     def extend(self, k, v):
-        """Adds this layer's new keys and values; returns them for all S positions."""
+        """Adds this layer's new keys and values; returns them for all S positions (a graph's step: the whole
+        buffers, masked by GraphedStep)."""
         i, self.layer = self.layer, self.layer + 1
         if self.slot is not None:  # one position, at slot; the whole buffers, of one shape at every step
             self.k[i].index_copy_(2, self.slot, k)
@@ -174,7 +176,7 @@ def unrolled_step(model, graphs=False):
                b.ffwd.c_proj.weight, b.ffwd.c_proj.bias, b.ffwd.approximate) for b in model.blocks]
     table = model.wpe.weight if c.pos == "learned" else model.pos_table if c.pos == "sinusoidal" else None
 
-    def core(token, pos, cache, mask=None):  # pos: the token's position, (1,) for rope; mask: the keys it sees
+    def core(token, pos, cache, mask=None):  # pos: the token's position, an int or (1,); mask: the keys it sees
         B = token.size(0)
         x = F.embedding(token, model.wte.weight)  # (B, 1, C)
         if table is not None:
