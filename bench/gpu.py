@@ -323,10 +323,11 @@ def automatic(bench):
 def steps_side_by_side(bench):
     """The reference and fast presets' steps in one process, compiled on a GPU, taking turns, with
     nanoGPT's step of the reference's shape (where --nanogpt exists) and the fast preset's again with
-    torch.optim.Muon for ours (its step before the batched Muon); the costliest kernels (smoke: CPU ops)
-    of each, in ms a step, in the JSON. Taking turns, a GPU whose speed moves between calls moves them all."""
+    torch.optim.Muon for ours (its step before the batched Muon) and with ours's orthogonalization compiled
+    (on a GPU; smoke: as it is); the costliest kernels (smoke: CPU ops) of each, in ms a step, in the JSON.
+    Taking turns, a GPU whose speed moves between calls moves them all."""
     import train
-    from tinygpt.optim import Optimizers
+    from tinygpt.optim import Muon, Optimizers, orthogonalize
 
     procs = start_processes(bench.device)  # as train.py does (on a GPU: TF32 for float32 matmuls)
     steps = {}
@@ -344,6 +345,9 @@ def steps_side_by_side(bench):
             adamw, ours = run.optimizer.optimizers
             theirs = torch.optim.Muon(ours.param_groups[0]["params"], **ours.defaults)  # ours's settings
             optimizers["fast_torch_muon"] = Optimizers(adamw, theirs)
+            compiled = Muon(ours.param_groups[0]["params"], **ours.defaults)
+            compiled.orthogonalize = torch.compile(orthogonalize) if bench.gpu else orthogonalize
+            optimizers["fast_compiled_muon"] = Optimizers(adamw, compiled)
         for key, opt in optimizers.items():
             steps[key] = functools.partial(train.train_step, model, opt, run.scaler, run.autocast, cfg, *draw(),
                                            iter(draw, None))  # .item(): each step waits for the device

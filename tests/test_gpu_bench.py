@@ -21,8 +21,8 @@ def test_the_gpu_script_runs_every_part_it_can_on_a_cpu(tmp_path):
                       "torchrun": "ok"}, report["rows"]
     figures = report["figures"]
     steps = figures["steps"]
-    assert min(steps["reference"], steps["fast"], steps["fast_torch_muon"]) > 0
-    assert all(steps[f"{key}_costliest"] for key in ("reference", "fast", "fast_torch_muon"))
+    assert min(steps["reference"], steps["fast"], steps["fast_torch_muon"], steps["fast_compiled_muon"]) > 0
+    assert all(steps[f"{key}_costliest"] for key in ("reference", "fast", "fast_torch_muon", "fast_compiled_muon"))
     assert figures["compiling"]["eager_ms"] > 0 and figures["compiling"]["compiled_ms"] > 0
     assert figures["bf16"]["ms_per_step"] > 0 and figures["bf16"]["best_val"] < 4.2  # ln(65): it learned
     assert figures["fp16"]["stop_exit"] == 143 and figures["fp16"]["resumed_to"] == 20

@@ -44,6 +44,8 @@ class Muon(torch.optim.Muon):
     matrix's update 13% off. Same hyperparameters, same state (a momentum buffer per matrix) and the same
     update to within bf16 precision: tests/test_optim.py."""
 
+    orthogonalize = staticmethod(orthogonalize)  # bench/gpu.py times one compiled in its place
+
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
@@ -60,7 +62,7 @@ class Muon(torch.optim.Muon):
                 bufs = [self.state[p]["momentum_buffer"] for p in params]
                 torch._foreach_lerp_(bufs, grads, 1 - momentum)
                 stacks.append(torch.stack(torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs))
-            ortho = orthogonalize(stacks, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            ortho = self.orthogonalize(stacks, group["ns_coefficients"], group["ns_steps"], group["eps"])
             match_adamw = group["adjust_lr_fn"] == "match_rms_adamw"  # the update's RMS: AdamW's typical 0.2
             for ((A, B), params), O in zip(by_shape.items(), ortho):
                 scale = 0.2 * math.sqrt(max(A, B)) if match_adamw else math.sqrt(max(1, A / B))  # torch's "original"
