@@ -54,7 +54,7 @@ class SampleConfig:
     dtype: str = option("auto", "auto (bf16 on CUDA if supported, else fp16; fp32 on CPU), float32, bfloat16, float16",
                         choices=("auto", "float32", "bfloat16", "float16"))
     kv_cache: bool = option(True, "keep earlier positions' keys and values (false: recompute the context each token)")
-    cuda_graphs: bool = option(True, "on a CUDA GPU, replay each token's step from a CUDA graph (false: from Python)")
+    cuda_graphs: bool = option(False, "on a CUDA GPU, replay each token's step from a CUDA graph (not yet measured)")
 
 
 def write(text):

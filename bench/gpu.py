@@ -413,9 +413,8 @@ def sampling(bench):
         n_layer=6, n_head=6, n_embd=384, block_size=256)
     new = 50 if bench.cfg.smoke else 500
     ours = GPT(GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape)).to(bench.device).eval()
-    models = {"ours": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200),
-              "ours_without_graphs": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200,
-                                                          cuda_graphs=False)}
+    models = {"ours": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200, cuda_graphs=True),
+              "ours_without_graphs": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200)}
     if Path(bench.cfg.nanogpt).exists():
         their_module = load_nanogpt_model(nanogpt_dir(bench))
         theirs = their_module.GPT(their_module.GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape))

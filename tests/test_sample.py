@@ -190,11 +190,11 @@ def test_greedy_tokens_are_identical_with_graphed_steps_and_without_the_cache(mo
     monkeypatch.setattr(decoding, "graphs_apply", lambda idx: True)  # as on a CUDA GPU
     monkeypatch.setattr(decoding, "capture", fake_capture(replays))
     idx = torch.randint(13, (2, 5))
-    graphed = generate(model, idx, 2 * BLOCK, temperature=0.0)  # past block_size: learned positions' cache jumps
+    graphed = generate(model, idx, 2 * BLOCK, temperature=0.0, cuda_graphs=True)  # past block_size: caches jump
     assert replays
     replays.clear()
     assert torch.equal(graphed, generate(model, idx, 2 * BLOCK, temperature=0.0, use_cache=False))
-    assert torch.equal(graphed, generate(model, idx, 2 * BLOCK, temperature=0.0, cuda_graphs=False))
+    assert torch.equal(graphed, generate(model, idx, 2 * BLOCK, temperature=0.0))  # the default: no graphs
     assert not replays
 
 

@@ -1,6 +1,6 @@
 """Decoding: the model knows only forward(); this module decides which positions to feed it (stream, generate),
-keeps the keys and values of those it has seen (KVCache), steps one token through the model unrolled (on a CUDA GPU
-replayed from a CUDA graph), and picks each next token from the logits (sample_next).
+keeps the keys and values of those it has seen (KVCache), steps one token through the model unrolled (on a CUDA GPU,
+if asked, replayed from a CUDA graph), and picks each next token from the logits (sample_next).
 """
 
 import contextlib
@@ -119,7 +119,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, **kwargs):
 
 @torch.inference_mode()  # no_grad, and no version counters or views tracked: 20% more tokens/s on a CPU
 def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-           valid=None, use_cache=True, generator=None, new_cache=KVCache, cuda_graphs=True):
+           valid=None, use_cache=True, generator=None, new_cache=KVCache, cuda_graphs=False):
     """Yields the next token (B, 1) of every row, one step at a time; call model.eval() first. Past block_size, with
     rope (attention reads only offsets) the cache slides a token at a time, and without one the model reads the last
     n_layer * (span - 1) + 1 tokens, all the newest depends on when each query sees its span newest keys: both give the
