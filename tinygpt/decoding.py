@@ -229,13 +229,13 @@ class GraphedStep:
         self.token.copy_(token)
         self.pos.fill_(cache.seen - 1)
         cache.slot.fill_(cache.write)
-        self.filled[:, cache.write] = True
         if self.graph is not None:
             self.graph.replay()
             return self.logits.clone()  # the next replay writes over self.logits
 
-        def run():  # this step, from its first layer
+        def run():  # this step, from its first layer, its slot now seen
             cache.layer = 0
+            self.filled.index_fill_(1, cache.slot, True)
             return self.core(self.token, self.pos, cache, self.filled)
 
         logits, self.graph, self.logits = capture(run)
