@@ -94,8 +94,8 @@ class TrainConfig:
 def main(argv):
     sources = {}  # each setting's preset, or "command line"
     cfg = load_config(TrainConfig, argv, "train.py", __doc__, sources=sources)
-    cfg = dataclasses.replace(cfg, out_dir=files.run_out_dir(cfg, sources))
-    cfg = dataclasses.replace(cfg, log_to=files.check_trackers(cfg.log_to)) if cfg.log_to else cfg  # before any write
+    cfg = dataclasses.replace(cfg, out_dir=files.run_out_dir(cfg, sources),
+                              log_to=cfg.log_to and files.check_trackers(cfg.log_to))  # before any write
     procs = device.start_processes(cfg.device)
     if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
         import prepare  # only here: what a fresh clone lacks
@@ -138,7 +138,6 @@ class Run:
     best_val: float = math.inf
     bad_evals: int = 0
     evaluated: int | None = None
-    step_ms: float = 0.0  # the last step's
     trackers: "files.Trackers | None" = None  # where the records go too (--log_to), on rank 0, in the loop
     wandb_id: str | None = None  # the W&B run it logs to, kept with its checkpoints
 
@@ -239,9 +238,10 @@ def train(run, stop):
     micro-batches; clip; step; log. Returns the exit code."""
     batches = train_batches(run.splits["train"], run.cfg, run.procs.rank, run.it, run.procs.device)
     x, y = next(batches)
-    # The loop's own step and evaluation times: for the budget to fit the steps again as the run goes.
-    times = budget.LoopTimes(run.it)
+    # A timed run's loop times its steps and evaluations, for the budget to fit the steps again as the run goes.
+    times = budget.LoopTimes(run.it) if run.time_budget else contextlib.nullcontext()
     signum, bad, stop.model = 0, None, run.raw_model  # a signal or a bad loss ends it
+    first, stepped_ms = run.it, 0.0
     with files.open_trackers(run) as run.trackers, \
             tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None) as bar:
         while True:
@@ -261,10 +261,10 @@ def train(run, stop):
             if run.cfg.dropout > 0:  # this step's dropout masks
                 torch.manual_seed(step_seed(run.cfg.seed, run.procs.rank, run.it))
             loss, x, y = train_step(run.model, run.optimizer, run.scaler, run.autocast, run.cfg, x, y, batches)
-            run.step_ms = (time.perf_counter() - t0) * 1000
-            run.it += 1
+            step_ms = (time.perf_counter() - t0) * 1000
+            run.it, stepped_ms = run.it + 1, stepped_ms + step_ms
             bad = bad if bad is not None or math.isfinite(loss) else f"{loss} at iteration {run.it}"
-            log_step(run, loss, lr, bar)
+            log_step(run, loss, lr, step_ms, bar)
             # Every process decides together whether to stop: after each step when alone, else every
             # AGREE_EVERY steps and before each evaluation, so nothing is saved after a non-finite loss.
             if run.procs.world == 1 or run.it % AGREE_EVERY == 0 or evaluation_due(run):
@@ -275,7 +275,7 @@ def train(run, stop):
                                     "lower --learning_rate, or bfloat16 instead of float16")
                 if signum:
                     break
-    return finish(run, signum, times)
+    return finish(run, signum, stepped_ms / max(1, run.it - first))
 
 
 def evaluation_due(run):
@@ -346,23 +346,24 @@ def train_step(model, optimizer, scaler, autocast, cfg, x, y, batches):
     return loss.item(), x, y  # .item() waits for the device
 
 
-def log_step(run, loss, lr, bar):
+def log_step(run, loss, lr, step_ms, bar):
     """The bar moves each step; a log record every log_interval."""
     if not run.procs.master or not math.isfinite(loss):
         return
-    tok_s = tokens_per_step(run) / (run.step_ms / 1000)
+    tok_s = tokens_per_step(run) / (step_ms / 1000)
     bar.update(1)
     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
     if run.it % run.cfg.log_interval == 0:
-        record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": run.step_ms, "tokens_per_s": tok_s}
+        record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": step_ms, "tokens_per_s": tok_s}
         if mfu := device.mfu(run.procs.device_type, run.raw_model.num_params(), run.cfg, tok_s / run.procs.world):
             record["mfu"] = mfu
         files.append_record(run.cfg.out_dir, record, run.trackers)
 
 
-def finish(run, signum, times):
+def finish(run, signum, ms):
     """The run's last words and its exit code: stopped by a signal (ckpt.pt saved, to continue from),
-    stopped early (no better val loss for --patience evaluations), or done; a timed run's repeat.txt."""
+    stopped early (no better val loss for --patience evaluations), or done; a timed run's repeat.txt. ms: the mean
+    step's, evaluations aside."""
     with run.procs.fail_together():
         if run.procs.master and signum and run.evaluated != run.it:  # else this step's evaluation has saved it
             save_checkpoint(run_state(run, None), saved(run.cfg))
@@ -375,7 +376,6 @@ def finish(run, signum, times):
     if run.it < run.cfg.max_iters:
         run.procs.say(f"stopped early at iteration {run.it}: val loss has not improved for {run.bad_evals} "
                       f"evaluations (--patience={run.cfg.patience}); the best model is in {saved(run.cfg, 'best.pt')}")
-    ms = (times.means(run.it) or (0.0,))[0] * 1000  # the loop's mean step, evaluations aside, as the budget counts
     run.procs.say(f"done: {run.it} iterations, best val {run.best_val:.4f}, {ms:.1f} ms a step; in {run.cfg.out_dir}")
     return 0
 
