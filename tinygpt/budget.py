@@ -1,8 +1,7 @@
 """Sizing a run to its data and to the time it has (--max_time): the rule, and the arithmetic of the time.
 With no preset, `choose_run` picks the model from the data and the compute the time buys here (train.py
 times a few real steps); `Budget` fits the steps to the time, and again to the loop's own times, so the
-schedule ends on time. The measurements: docs/own_text.md.
-"""
+schedule ends on time. The measurements: docs/own_text.md."""
 
 import contextlib
 import copy
@@ -215,12 +214,12 @@ class Budget:
         if self.spread and "eval_iters" not in given and (cfg.eval_iters or (MIN_EVALS + 1) * eval_s > left / 2):
             cfg, eval_s = fewer_batches_per_evaluation(cfg, left, eval_s, val_tokens)
         steps = plan_steps(left, step_s, eval_s, None if self.spread else cfg.eval_interval, self.max_steps)
+        self.planned, self.evals = steps, spread_evaluations(left, eval_s) + 1
         if steps < 1 and self.max_steps != 0:  # (--max_iters=0: an evaluation, and no step)
-            evals = spread_evaluations(left, eval_s) + 1 if self.spread else 2  # the first, and the last at least
+            evals = self.evals if self.spread else 2  # the first, and the last at least
             raise UserError(f"max_time {cfg.max_time or DEFAULT_BUDGET} leaves {max(left, 0):.0f} s after "
                             f"start-up, less than a step ({step_s:.2f} s) and the {evals} evaluations a run "
                             f"needs ({eval_s:.2f} s each); give more time, or a smaller model")
-        self.planned, self.evals = steps, spread_evaluations(left, eval_s) + 1
         capped = " (--max_iters)" if given.get("max_iters") == "command line" and steps == cfg.max_iters else ""
         cfg = self.steps_and_evaluations(cfg, steps, math.ceil(steps / (self.evals - 1)))
         return cfg, (f"time budget {cfg.max_time or DEFAULT_BUDGET}: {cfg.max_iters:,} steps{capped} of "
