@@ -124,8 +124,7 @@ def gpt_config(hf, source):
     n_embd = hf["n_embd"]
     if n_embd % hf["n_head"]:
         raise UserError(f"{source}: config.json's n_embd ({n_embd}) is not a multiple of n_head ({hf['n_head']})")
-    for key, bad in {  # True where config.json is not GPT-2's
-        "model_type": hf.get("model_type") != "gpt2",
+    for key, bad in {  # True where config.json is not GPT-2's (export.load has checked its model_type)
         "activation_function": str(hf.get("activation_function", "gelu_new")) not in GELU,
         "n_inner": hf.get("n_inner") not in (None, 4 * n_embd),
         "layer_norm_epsilon": hf.get("layer_norm_epsilon", 1e-5) != 1e-5,  # nn.LayerNorm's
@@ -136,13 +135,10 @@ def gpt_config(hf, source):
         if bad:
             raise UserError(f"{source}: {key} {hf.get(key)!r} is not GPT-2's; only GPT-2 models load here")
     vocab_size = hf["vocab_size"]
-    try:
-        return GPTConfig(vocab_size=padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
-                         block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=n_embd,
-                         dropout=0.0, bias=True, pos="learned", tie_weights=hf.get("tie_word_embeddings", True),
-                         gelu=GELU[hf.get("activation_function", "gelu_new")])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"{source}: config.json does not describe a GPT-2 ({type(e).__name__}: {e})") from None
+    return GPTConfig(vocab_size=padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
+                     block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=n_embd,
+                     dropout=0.0, bias=True, pos="learned", tie_weights=hf.get("tie_word_embeddings", True),
+                     gelu=GELU[hf.get("activation_function", "gelu_new")])
 
 
 def build(config, state):
