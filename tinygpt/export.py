@@ -281,10 +281,7 @@ def write_onnx(stage, model):
 def load(init_from):
     """(GPTConfig, state dict, tokenizer meta) of GPT-2 from the hub (a name in gpt2.SIZES) or a Hugging Face directory:
     OpenAI's GPT-2, or an export's GPT-2 or GPT-NeoX; its tokens are an export's characters, else tiktoken's gpt2."""
-    directory = Path(init_from)
-    if init_from in gpt2.SIZES:
-        load_encoding("gpt2")  # first: without its tokenizer, a download of the weights is of no use
-        directory = gpt2.download(init_from)
+    directory = gpt2.download(init_from) if init_from in gpt2.SIZES else Path(init_from)
     hf, chars = gpt2.read_config(directory), read_chars(directory / "tokenizer.json")
     kind = hf.get("model_type") if isinstance(hf, dict) else "gpt2"  # gpt_config says what else it holds
     if kind not in ("gpt2", "gpt_neox"):

@@ -16,6 +16,7 @@ from config import UserError
 from model import GPT, GPTConfig
 from tinygpt.device import padded_vocab_size
 from tinygpt.files import load_tensors
+from tinygpt.tokenizer import load_encoding
 
 SIZES = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1.5B"}  # parameters
 VOCAB_SIZE = 50257  # tiktoken's gpt2 encoding's tokens
@@ -49,6 +50,7 @@ def quiet(logger_name):
 
 def download(name):
     """The directory in the hub's cache holding `name`'s config.json and model.safetensors."""
+    load_encoding("gpt2")  # first: without its tokenizer, a download of the weights is of no use
     try:
         from huggingface_hub import hf_hub_download  # imported before quiet(): importing sets the hub's log level
     except ImportError:
