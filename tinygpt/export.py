@@ -163,9 +163,14 @@ def hf_name(name, arch):
     return f"{NAMES[arch][module]}.{kind}"
 
 
-def neox_heads(tensor, n_head, inverse=False):
-    """c_attn's rows, ours (q, k, v) x heads -> GPT-NeoX's heads x (q, k, v); inverse: back."""
-    return tensor.unflatten(0, (n_head, 3, -1) if inverse else (3, n_head, -1)).transpose(0, 1).flatten(0, 2)
+def hf_layout(tensor, name, arch, n_head, inverse=False):
+    """model.GPT's tensor `name` laid out as arch's: GPT-2's matrices transposed (Conv1D), GPT-NeoX's c_attn rows,
+    ours (q, k, v) x heads, as heads x (q, k, v); inverse: back."""
+    if arch == "gpt2" and name.endswith(gpt2.CONV1D):
+        return tensor.t()
+    if arch == "gpt_neox" and ".c_attn." in name:
+        return tensor.unflatten(0, (n_head, 3, -1) if inverse else (3, n_head, -1)).transpose(0, 1).flatten(0, 2)
+    return tensor
 
 
 def hf_state(model, arch):
@@ -181,11 +186,7 @@ def hf_state(model, arch):
         tensor = state[name] if name in state else torch.zeros(like.shape)  # a bias adding 0
         if name in VOCAB_ROWS:
             tensor = tensor[: config.real_vocab_size or config.vocab_size]
-        if arch == "gpt2" and name.endswith(gpt2.CONV1D):
-            tensor = tensor.t()
-        if arch == "gpt_neox" and ".c_attn." in name:
-            tensor = neox_heads(tensor, config.n_head)
-        tensors[hf_name(name, arch)] = tensor.detach().float().contiguous()
+        tensors[hf_name(name, arch)] = hf_layout(tensor, name, arch, config.n_head).detach().float().contiguous()
     return tensors
 
 
@@ -368,11 +369,7 @@ def gpt_state(tensors, config, arch, source):
         if theirs not in tensors:
             fix = gpt2.AGAIN if arch == "gpt2" else "export the model again"
             raise UserError(f"{source} has no weights for {theirs}; {fix}")
-        tensor = tensors[theirs]
-        if arch == "gpt2" and name.endswith(gpt2.CONV1D):
-            tensor = tensor.t()
-        if arch == "gpt_neox" and ".c_attn." in name:
-            tensor = neox_heads(tensor, config.n_head, inverse=True)
+        tensor = hf_layout(tensors[theirs], name, arch, config.n_head, inverse=True)
         if name in VOCAB_ROWS:  # padded to the embedding's round size: padding tokens never occur
             tensor = torch.cat([tensor, tensor.new_zeros(max(like.size(0) - tensor.size(0), 0), *tensor.shape[1:])])
         if tensor.shape != like.shape:
