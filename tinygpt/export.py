@@ -24,16 +24,15 @@ from tinygpt.device import padded_vocab_size
 from tinygpt.files import checkpoint_path, load_checkpoint, staging_dir, swap_in, write_error
 from tinygpt.tokenizer import END_OF_TEXT, load_encoding, tokenizer_from_meta
 
-# model.GPT's names -> each architecture's: a block's part under LAYERS.N, the rest as named here.
-LAYERS = {"gpt2": "transformer.h", "gpt_neox": "gpt_neox.layers"}
+# model.GPT's module names -> each architecture's; in a block's, blocks.N.part, blocks and part are mapped, N kept.
 NAMES = {
     "gpt2": {"wte": "transformer.wte", "wpe": "transformer.wpe", "ln_f": "transformer.ln_f", "lm_head": "lm_head",
              "ln_1": "ln_1", "mixer.c_attn": "attn.c_attn", "mixer.c_proj": "attn.c_proj", "ln_2": "ln_2",
-             "ffwd.c_fc": "mlp.c_fc", "ffwd.c_proj": "mlp.c_proj"},
+             "ffwd.c_fc": "mlp.c_fc", "ffwd.c_proj": "mlp.c_proj", "blocks": "transformer.h"},
     "gpt_neox": {"wte": "gpt_neox.embed_in", "ln_f": "gpt_neox.final_layer_norm", "lm_head": "embed_out",
                  "ln_1": "input_layernorm", "mixer.c_attn": "attention.query_key_value",
                  "mixer.c_proj": "attention.dense", "ln_2": "post_attention_layernorm",
-                 "ffwd.c_fc": "mlp.dense_h_to_4h", "ffwd.c_proj": "mlp.dense_4h_to_h"},
+                 "ffwd.c_fc": "mlp.dense_h_to_4h", "ffwd.c_proj": "mlp.dense_4h_to_h", "blocks": "gpt_neox.layers"},
 }
 CLASSES = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
 VOCAB_ROWS = ("wte.weight", "lm_head.weight")
@@ -158,8 +157,8 @@ def hf_name(name, arch):
     """model.GPT's tensor name -> arch's: blocks.3.mixer.c_attn.weight -> transformer.h.3.attn.c_attn.weight."""
     module, _, kind = name.rpartition(".")
     if module.startswith("blocks."):
-        _, n, part = module.split(".", 2)
-        return f"{LAYERS[arch]}.{n}.{NAMES[arch][part]}.{kind}"
+        blocks, n, part = module.split(".", 2)
+        return f"{NAMES[arch][blocks]}.{n}.{NAMES[arch][part]}.{kind}"
     return f"{NAMES[arch][module]}.{kind}"
 
 
