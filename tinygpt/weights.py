@@ -44,8 +44,7 @@ def model_from_checkpoint(path, device):
         model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
         model.load_state_dict(ckpt["model"])
     except (TypeError, ValueError, RuntimeError) as e:
-        first_line = str(e).strip().splitlines()[0][:200]
-        raise UserError(f"{path} does not fit this version of model.py ({first_line}); "
+        raise UserError(f"{path} does not fit this version of model.py ({str(e).strip().splitlines()[0][:200]}); "
                         "sample with the code that trained it, or retrain") from None
     return model.to(device).eval(), tokenizer_from_meta(ckpt["meta"])
 
