@@ -137,16 +137,13 @@ def finetune_settings(source, cfg, meta, sources):
     if theirs.get("tokenizer") != "char" and theirs.get("vocab_size") != meta.get("vocab_size"):
         raise UserError(f"{source.name} knows {theirs.get('vocab_size')} {describe(theirs)} tokens, {cfg.data_dir} "
                         f"{meta.get('vocab_size')}: another tiktoken prepared them; prepare the data again")
-    shape = {}
-    for field in dataclasses.fields(GPTConfig):
-        if field.name in RUN_KEYS:
-            continue
-        weights, ours = source.model_config.get(field.name, field.default), getattr(cfg, field.name)
-        if field.name in sources and ours != weights:
-            raise UserError(f"--{field.name}={ours} (from a preset or the command line) contradicts {source.name}, "
-                            f"whose {field.name} is {weights}: the weights fix the model's shape; drop it or pass "
-                            f"--{field.name}={weights}")
-        shape[field.name] = weights
+    shape = {f.name: source.model_config.get(f.name, f.default) for f in dataclasses.fields(GPTConfig)
+             if f.name not in RUN_KEYS}
+    for key, weights in shape.items():
+        if key in sources and getattr(cfg, key) != weights:
+            raise UserError(f"--{key}={getattr(cfg, key)} (from a preset or the command line) contradicts "
+                            f"{source.name}, whose {key} is {weights}: the weights fix the model's shape; drop it or "
+                            f"pass --{key}={weights}")
     learned = source.model_config.get("block_size")
     if shape["pos"] == "learned" and cfg.block_size > learned:
         raise UserError(f"--block_size={cfg.block_size} is longer than {source.name}'s {learned}: its position "
