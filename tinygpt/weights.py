@@ -164,9 +164,8 @@ def char_map(theirs, ours):
 
 @torch.no_grad()
 def load_into(model, source, meta):
-    """Copies source's weights into model, freshly initialized for the data of meta: with characters, token rows by
-    character (new ones keep their fresh rows); position rows up to block_size; the rest whole. Returns a line
-    saying what was done."""
+    """Copies source's weights into model, fresh for the data of meta: with characters, token rows by character (new
+    ones keep their fresh rows); position rows up to block_size; the rest whole. Returns a line saying what it did."""
     chars = meta.get("tokenizer") == "char"
     ours, theirs, new = char_map(source.meta["vocab"], meta["vocab"]) if chars else (None, None, [])
     own = model.state_dict()  # shares storage with the parameters: writing it writes them
@@ -183,8 +182,7 @@ def load_into(model, source, meta):
             target.copy_(tensor)
         else:
             raise UserError(f"{source.name}: {name} is {tuple(tensor.shape)}, the model needs {tuple(target.shape)}")
-    missing = sorted(set(own) - set(source.state))
-    if missing:
+    if missing := sorted(set(own) - set(source.state)):
         raise UserError(f"{source.name} has no weights for {missing[0]}; fine-tune with the code that trained it")
     if not chars:
         return f"fine-tuning {source.name} on {describe(meta)} tokens"
