@@ -54,11 +54,10 @@ class Muon(torch.optim.Muon):
             for p in group["params"]:
                 if p.grad is not None:
                     by_shape[p.shape].append(p)
-            for params in by_shape.values():  # each _foreach_ op: one launch for all, not one each
-                grads = [p.grad for p in params]
-                for p in params:
                     if "momentum_buffer" not in self.state[p]:
                         self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+            for params in by_shape.values():  # each _foreach_ op: one launch for all, not one each
+                grads = [p.grad for p in params]
                 bufs = [self.state[p]["momentum_buffer"] for p in params]
                 torch._foreach_lerp_(bufs, grads, 1 - momentum)
                 stacks.append(torch.stack(torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs))
