@@ -49,11 +49,10 @@ def normalized(text, tokenizer, what="the prompt"):
     """text, or its composed (NFC) or decomposed (NFD) Unicode form if the tokenizer knows
     more of that one's characters: an accent typed as a separate mark (as macOS may
     write it) or not is the same letter to the reader, but not to a char tokenizer."""
-    forms = {form: unicodedata.normalize(form, text) for form in ("NFC", "NFD")}
+    forms = {None: text} | {form: unicodedata.normalize(form, text) for form in ("NFC", "NFD")}  # a tie: the first
     form = min(forms, key=lambda f: len(tokenizer.unknown(forms[f])))
-    if len(tokenizer.unknown(forms[form])) >= len(tokenizer.unknown(text)):
-        return text
-    print(f"note: {what} is read in Unicode form {form}, whose characters the model knows", file=sys.stderr)
+    if form:
+        print(f"note: {what} is read in Unicode form {form}, whose characters the model knows", file=sys.stderr)
     return forms[form]
 
 
