@@ -111,9 +111,8 @@ def download_shakespeare(url, dest):
         with urllib.request.urlopen(url, timeout=30) as response:
             data = response.read()
     except OSError as e:  # URLError is one
-        reason = getattr(e, "reason", e)
         raise UserError(
-            f"could not download Tiny Shakespeare from {url} ({reason}); "
+            f"could not download Tiny Shakespeare from {url} ({getattr(e, 'reason', e)}); "
             "if you are offline, pass a text file of your own: python prepare.py --input FILE") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != SHAKESPEARE_SHA256:
