@@ -222,8 +222,6 @@ class GraphedStep:
         self.core, self.graph = core, None
         self.token, self.pos = torch.zeros_like(token), torch.zeros(1, dtype=torch.long, device=token.device)
         cache.slot = torch.zeros(1, dtype=torch.long, device=token.device)
-        self.filled = torch.zeros(1, cache.max_len, dtype=torch.bool, device=token.device)  # (1, max_len)
-        self.filled[:, : cache.held] = True  # the prompt's
 
     def __call__(self, token, cache):  # cache: advanced for this step
         self.token.copy_(token)
@@ -233,10 +231,11 @@ class GraphedStep:
             self.graph.replay()
             return self.logits.clone()  # the next replay writes over self.logits
 
-        def run():  # this step, from its first layer, its slot now seen
+        def run():  # this step, from its first layer
             cache.layer = 0
-            self.filled.index_fill_(1, cache.slot, True)
-            return self.core(self.token, self.pos, cache, self.filled)
+            # The slots written: up to the position's while the cache fills them in order, then all of them.
+            written = (torch.arange(cache.max_len, device=self.pos.device) <= self.pos)[None]  # (1, max_len)
+            return self.core(self.token, self.pos, cache, written)
 
         logits, self.graph, self.logits = capture(run)
         return logits
