@@ -108,8 +108,7 @@ def draw_losses(plt, logs, splits, ymax=None, title=""):
         ax.set_ylim(top=ymax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    if title:
-        ax.set_title(title)
+    ax.set_title(title)  # "": as drawn without one
     return fig
 
 
