@@ -22,7 +22,6 @@ class KVCache:
         self.k = [None] * n_layer  # each (B, H, max_len, hs) once used
         self.v = [None] * n_layer
         self.valid = None  # (B, max_len) bool, or None: no padding anywhere
-        self.held = 0  # positions in the buffers before this step's
         self.length = 0  # positions this step attends to (S): the held ones and the new
         self.seen = 0  # positions ever added: the next one's position
         self.real = 0  # real (not padding) tokens ever added, per row (B, 1) once there is padding
@@ -49,7 +48,7 @@ class KVCache:
             # Full, and one real token: it takes the oldest one's slot, and the buffers become a ring. Its one
             # query sees every key, and softmax does not care in what order: nothing is copied, no key moves.
             self.write, self.oldest = self.oldest, (self.oldest + 1) % self.max_len
-            self.held, self.length, self.seen = held - 1, held, self.seen + 1
+            self.length, self.seen = held, self.seen + 1
             if self.valid is None:
                 return None
             self.valid[:, self.write] = True
@@ -64,7 +63,7 @@ class KVCache:
             if self.valid is not None:
                 self.valid.copy_(self.valid.roll(-self.oldest - slide, dims=1))
             self.oldest, held = 0, held - slide
-        self.held, self.length, self.write = held, held + T, held
+        self.length, self.write = held + T, held
         if valid is not None and self.valid is None:
             self.valid = torch.ones(valid.size(0), self.max_len, dtype=torch.bool, device=valid.device)
             self.real = self.seen  # every token before this one was real
@@ -90,14 +89,14 @@ class KVCache:
             B, H, _, hs = v.shape
             # Zeros, not whatever memory held: a graph's step reads every slot, and 0 weight times a NaN is NaN.
             self.k[i], self.v[i] = k.new_zeros(B, H, self.max_len, hs), v.new_zeros(B, H, self.max_len, hs)
-        held, S = self.held, self.length
+        T, S = k.size(2), self.length  # S - T held before this step
         if S <= self.max_len:  # room for them: written in place, read as views of the buffers
-            self.k[i].narrow(2, self.write, S - held).copy_(k)  # [:, :, write:write + T] = k, a few us sooner
-            self.v[i].narrow(2, self.write, S - held).copy_(v)
+            self.k[i].narrow(2, self.write, T).copy_(k)  # [:, :, write:write + T] = k, a few us sooner
+            self.v[i].narrow(2, self.write, T).copy_(v)
             return self.k[i].narrow(2, 0, S), self.v[i].narrow(2, 0, S)  # (B, H, S, hs)
         # More than the buffers hold: attend to copies, and keep the newest max_len.
-        k = torch.cat([self.k[i][:, :, :held], k], dim=2)  # (B, H, S, hs)
-        v = torch.cat([self.v[i][:, :, :held], v], dim=2)
+        k = torch.cat([self.k[i][:, :, : S - T], k], dim=2)  # (B, H, S, hs)
+        v = torch.cat([self.v[i][:, :, : S - T], v], dim=2)
         self.k[i].copy_(k[:, :, -self.max_len :])
         self.v[i].copy_(v[:, :, -self.max_len :])
         return k, v
