@@ -194,8 +194,7 @@ def run_attention(run, cfg):
     """(weights (L, H, T, T), token labels, title) for one run's checkpoint on cfg.prompt."""
     path = checkpoint_path(run, cfg.checkpoint)
     model, tokenizer = model_from_checkpoint(path, "cpu")
-    unknown = tokenizer.unknown(cfg.prompt)
-    if unknown:
+    if unknown := tokenizer.unknown(cfg.prompt):
         raise UserError(f"--prompt has {len(unknown)} character(s) the model in {run} never saw: "
                         f"{', '.join(repr(ch) for ch in unknown[:10])}; remove them")
     ids = tokenizer.encode(cfg.prompt)
