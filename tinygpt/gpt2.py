@@ -137,10 +137,13 @@ def gpt_config(hf, source):
         if bad:
             raise UserError(f"{source}: {key} {hf.get(key)!r} is not GPT-2's; only GPT-2 models load here")
     vocab_size = hf["vocab_size"]
-    return GPTConfig(vocab_size=padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
-                     block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=n_embd,
-                     dropout=0.0, bias=True, pos="learned", tie_weights=hf.get("tie_word_embeddings", True),
-                     gelu=GELU[hf.get("activation_function", "gelu_new")])
+    try:  # a check model.py adds later is still one error line
+        return GPTConfig(vocab_size=padded_vocab_size(vocab_size), real_vocab_size=vocab_size,
+                         block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=n_embd,
+                         dropout=0.0, bias=True, pos="learned", tie_weights=hf.get("tie_word_embeddings", True),
+                         gelu=GELU[hf.get("activation_function", "gelu_new")])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{source}: config.json does not describe a GPT-2 ({type(e).__name__}: {e})") from None
 
 
 def build(config, state):
