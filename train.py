@@ -362,8 +362,8 @@ def log_step(run, loss, lr, step_ms, bar):
 
 def finish(run, signum, ms):
     """The run's last words and its exit code: stopped by a signal (ckpt.pt saved, to continue from),
-    stopped early (no better val loss for --patience evaluations), or done; a timed run's repeat.txt. ms: the mean
-    step's, evaluations aside."""
+    stopped early (no better val loss for --patience evaluations), or done; a timed run's repeat.txt. ms: the steps'
+    mean (log.jsonl's ms_per_iter)."""
     with run.procs.fail_together():
         if run.procs.master and signum and run.evaluated != run.it:  # else this step's evaluation has saved it
             save_checkpoint(run_state(run, None), saved(run.cfg))
