@@ -16,7 +16,6 @@ Inputs stream through in chunks, so memory stays bounded whatever their size:
 char reads them twice (first to find the characters), BPE encodes on every core.
 """
 
-from tinygpt import system  # first: Ctrl-C while the imports load is one line, not a traceback  # isort: skip
 import errno
 import hashlib
 import itertools
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from config import UserError, load_config, option
+from tinygpt import system
 from tinygpt.dataset import DATASET_FILES, META_FORMAT
 from tinygpt.files import staging_dir, swap_in, write_atomic, write_error
 from tinygpt.textfiles import (
@@ -178,4 +178,4 @@ def split_off(out, path, offset):
 
 
 if __name__ == "__main__":
-    system.exit(main())
+    raise SystemExit(main())

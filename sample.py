@@ -11,7 +11,6 @@ The checkpoint holds all that is needed: the weights, the model's shape and the
 tokenizer. Samples go to stdout, separated by a line of dashes; warnings go to stderr.
 """
 
-from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import os
 import sys
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from config import UserError, load_config, option
-from tinygpt import decoding
+from tinygpt import decoding, system
 from tinygpt.device import autocast, choose_device, pick_dtype
 from tinygpt.prompts import TextStream, encode_prompts, read_prompts, unescape
 from tinygpt.weights import load_model
@@ -120,4 +119,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    system.exit(main())
+    raise SystemExit(main())

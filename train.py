@@ -1,20 +1,18 @@
 """Trains a GPT on data written by prepare.py.
 
-    python train.py --data_dir=data/notes_char               # no preset: sized for the text and 5 minutes
+    python train.py --data_dir=data/notes_char               # what is auto: chosen for the text and 5 minutes
     python train.py config/shakespeare_char_cpu.toml --max_iters=500
     python train.py config/finetune_shakespeare_gpt2.toml   # fine-tuning: --init_from (tinygpt/weights.py)
     torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_char.toml
 
 Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt (the lowest val loss) and
-OUT_DIR/log.jsonl. Read it from main(): the settings, the run set up, the loop, then each step's parts.
+OUT_DIR/log.jsonl. Read it from main(): the settings, the start (scratch, resume or fine-tune), the loop.
 """
 
-# First: Ctrl-C while torch loads (seconds) is then one line, not a traceback.
-from tinygpt import system  # isort: skip
 import contextlib
 import dataclasses
-import functools
 import math
+import shlex
 import time
 from pathlib import Path
 
@@ -22,14 +20,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from config import UserError, load_config, option
+from config import AUTO, UserError, load_config, option
 from model import GELUS, GPT, MIXERS, POSITIONS, SCORES, GPTConfig
-from tinygpt import budget, dataset, device, files, optim, weights
+from tinygpt import budget, dataset, device, files, optim, system, weights
 
-# How often the processes under torchrun agree to stop (a signal to one, a non-finite loss on one): an
-# agreement after each step cost 3-7% of a CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py).
+# How often the processes under torchrun agree on the clock and on whether to stop: after each step cost 3-7% of a
+# CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py). A process alone agrees with itself each step.
 AGREE_EVERY = 10
-DTYPES = ("auto", *device.DTYPES)
 
 
 @dataclasses.dataclass
@@ -37,65 +34,68 @@ class TrainConfig:
     # data and output
     data_dir: str = option("data/shakespeare_char", "what prepare.py wrote")
     out_dir: str = option("", "checkpoints and log (empty: out/NAME for data/NAME)")
-    init_from: str = option("scratch", "scratch, resume, a checkpoint, or gpt2[-xl]")
+    init_from: str = option("scratch", "scratch; resume (out_dir's run, with its settings); a checkpoint or gpt2[-xl] "
+                            "to fine-tune")
     overwrite: bool = option(False, "replace the checkpoint in out_dir")
-    # model (GPTConfig in model.py)
-    n_layer: int = option(6, "transformer blocks", low=0)
-    n_head: int = option(6, "attention heads", low=1)
-    n_embd: int = option(384, "residual stream width", low=1)
-    block_size: int = option(256, "context length", low=1)
-    dropout: float = option(0.2, "dropout probability", low=0, below=1)
+    # model (GPTConfig in model.py); auto: chosen for the data and the time (tinygpt/budget.py)
+    n_layer: int = option(AUTO, "transformer blocks", low=0)
+    n_head: int = option(AUTO, "attention heads", low=1)
+    n_embd: int = option(AUTO, "residual stream width", low=1)
+    block_size: int = option(AUTO, "context length", low=1)
+    dropout: float = option(AUTO, "dropout probability", low=0, below=1)
     bias: bool = option(False, "biases in Linear and LayerNorm")
     mixer: str = option("multihead", "how positions talk", choices=MIXERS)
     feedforward: bool = option(True, "an MLP in each block")
     residual: bool = option(True, "residual connections")
     layernorm: bool = option(True, "pre-norm LayerNorm")
-    pos: str = option("learned", "position encoding", choices=POSITIONS)
+    pos: str = option(AUTO, "position encoding", choices=POSITIONS)
     tie_weights: bool = option(True, "output head = token embedding")
     fused_attention: bool = option(True, "PyTorch's attention kernel")
     gelu: str = option("exact", "GELU (tanh: GPT-2's)", choices=GELUS)
     score: str = option("dot", "how a query scores a key", choices=SCORES)
     window: int = option(0, "keys each query sees (0: all)", low=0)
-    # optimization
-    batch_size: int = option(64, "sequences per micro-batch", low=1)
+    # optimization; the schedule runs on progress: steps of max_iters, or seconds of max_time
+    batch_size: int = option(AUTO, "sequences per micro-batch", low=1)
     grad_accum: int = option(1, "micro-batches per step", low=1)
-    max_iters: int = option(5000, "optimizer steps", low=0)
-    learning_rate: float = option(1e-3, "peak learning rate", above=0)
-    min_lr: float = option(1e-4, "final learning rate", low=0)
-    warmup_iters: int = option(100, "warmup steps", low=0)
-    lr_decay_iters: int = option(0, "decay steps (0: max_iters)", low=0)
+    max_iters: int = option(AUTO, "optimizer steps (auto: as many as max_time allows)", low=0)
+    max_time: str = option(AUTO, "the run's time, start-up included: 90s, 5m, 2h or none (auto: 5m where "
+                           "anything is auto)")
+    learning_rate: float = option(1.5e-3, "peak learning rate", above=0)
+    min_lr: float = option(0.0, "learning rate at the end", low=0)
+    warmup: float = option(0.03, "share of the run the learning rate warms up over", low=0, below=1)
     weight_decay: float = option(0.1, "AdamW's weight decay", low=0)
     beta1: float = option(0.9, "AdamW's beta1", low=0, below=1)
     beta2: float = option(0.99, "AdamW's beta2", low=0, below=1)
     grad_clip: float = option(1.0, "gradient norm clip (0: none)", low=0)
-    optimizer: str = option("adamw", "muon: Muon for block matrices", choices=("adamw", "muon"))
-    muon_lr: float = option(0.01, "Muon's learning rate", above=0)
-    muon_momentum: float = option(0.95, "Muon's momentum", low=0, below=1)
+    optimizer: str = option(AUTO, "adamw, or muon: Muon for block matrices", choices=("adamw", "muon"))
+    muon_lr: float = option(0.015, "Muon's peak learning rate", above=0)
+    muon_momentum: float = option(0.9, "Muon's momentum", low=0, below=1)
     muon_ns_steps: int = option(5, "Muon's Newton-Schulz steps", low=1)
-    muon_weight_decay: float = option(0.0, "Muon's weight decay", low=0)
+    muon_weight_decay: float = option(AUTO, "Muon's weight decay (auto: 0.1 without dropout)", low=0)
     # evaluation and logging
-    max_time: str = option("", "a time to fit the run to: 90s, 5m, 2h")
     patience: int = option(5, "evaluations with no better val loss, then stop (0: never)", low=0)
-    eval_interval: int = option(250, "steps between evaluations", low=1)
-    eval_iters: int = option(200, "batches per loss estimate (0: all of val)", low=0)
+    eval_interval: int = option(250, "steps between evaluations (a timed run: each tenth of its time)", low=1)
+    eval_iters: int = option(AUTO, "batches per loss estimate (0: all of val)", low=0)
     log_interval: int = option(10, "steps between log records", low=1)
     log_to: str = option("", "trackers that get the log records too: tensorboard, wandb, or tensorboard,wandb")
     wandb_project: str = option("tinygpt", "W&B project (--log_to=wandb)")
     wandb_run_name: str = option("", "W&B run name (empty: out_dir's name)")
     # system
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
-    dtype: str = option("auto", "auto: bf16 where fast, else fp16 on GPUs, fp32", choices=DTYPES)
-    compile: bool = option(False, "torch.compile the model")
+    dtype: str = option("auto", "auto: bf16 where fast, else fp16 on GPUs, fp32", choices=(AUTO, "float32", "bfloat16", "float16"))
+    compile: bool = option(AUTO, "torch.compile the model (auto: a timed run on a GPU that repays it)")
     seed: int = option(1337, "random seed", low=0, high=2**63 - 1)
-    dry_run: bool = option(False, "say the run and its plan, then stop: nothing trained or written")
+    dry_run: bool = option(False, "say the run it would train, then stop: nothing trained or written")
 
 
 @system.cli
 def main(argv):
-    sources = {}  # each setting's preset, or "command line"
-    cfg = load_config(TrainConfig, argv, "train.py", __doc__, sources=sources)
-    cfg = dataclasses.replace(cfg, out_dir=files.run_out_dir(cfg, sources),
-                              log_to=cfg.log_to and files.check_trackers(cfg.log_to))  # before any write
+    cfg = load_config(TrainConfig, argv, "train.py", __doc__)
+    cfg, ckpt = dataclasses.replace(cfg, out_dir=cfg.out_dir or str(Path("out", Path(cfg.data_dir).name))), None
+    if cfg.init_from == "resume":  # the settings the run trained with, over the presets, under the command line
+        ckpt = files.load_checkpoint(saved(cfg), choosing=False)
+        cfg = dataclasses.replace(load_config(TrainConfig, argv, base=ckpt["train_config"]), out_dir=cfg.out_dir)
+    cfg = dataclasses.replace(cfg, log_to=cfg.log_to and files.check_trackers(cfg.log_to))  # before any write
     procs = device.start_processes(cfg.device)
     if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
         import prepare  # only here: what a fresh clone lacks
@@ -103,9 +103,9 @@ def main(argv):
         prepare.make_default(cfg.data_dir, procs.world)
     lock, status = files.RunLock(cfg.out_dir), None
     try:
-        with system.Stop() as stop:  # Ctrl-C, SIGTERM, SIGHUP
-            run = set_up(cfg, sources, procs, lock)
-            status = budget.preview(run.cfg, procs.say) if cfg.dry_run else train(run, stop)
+        with system.Stop() as stop:  # Ctrl-C, SIGTERM, SIGHUP: the step ends, saves, and the run exits
+            run = set_up(cfg, procs, lock, ckpt)
+            status = preview(run) if cfg.dry_run else train(run, stop, argv)
         return status
     except UserError:
         status = 2  # met by every process together (Processes.fail_together)
@@ -120,10 +120,9 @@ def main(argv):
 
 @dataclasses.dataclass
 class Run:
-    """What the loop reads and changes. cfg: as decided (a replan changes the steps); meta: the tokenizer; splits:
-    the train and val tokens; raw_model: what a checkpoint saves; model: what a step runs, raw_model compiled and
-    under DDP where asked; scaler: fp16's loss scaling; it: steps taken; bad_evals: evaluations in a row without
-    a new best; evaluated: the step evaluated; eval_autocast: an evaluation's, none on a CPU (fp32: exact)."""
+    """What the loop reads and changes. raw_model: what a checkpoint saves; model: what a step runs, compiled and
+    under DDP where asked; scaler: fp16's loss scaling; it: steps taken; bad_evals: evaluations in a row without a
+    new best; next_eval: the progress of the next evaluation; spent, seconds: a timed run's clock, of its time."""
 
     cfg: TrainConfig
     procs: device.Processes
@@ -132,68 +131,47 @@ class Run:
     raw_model: GPT
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    model: torch.nn.Module = None
-    time_budget: budget.Budget | None = None
+    model: torch.nn.Module
+    autocast: object
     it: int = 0
     best_val: float = math.inf
     bad_evals: int = 0
-    evaluated: int | None = None
+    next_eval: float = 0.0
+    spent: float = 0.0
+    seconds: float | None = None  # inf: a run of steps; None: a timed one not started
     trackers: "files.Trackers | None" = None  # where the records go too (--log_to), on rank 0, in the loop
     wandb_id: str | None = None  # the W&B run it logs to, kept with its checkpoints
 
-    def __post_init__(self):
-        self.autocast = device.autocast(self.procs.device_type, device.DTYPES[self.cfg.dtype])
-        self.eval_autocast = contextlib.nullcontext() if self.procs.device_type == "cpu" else self.autocast
 
-
-def set_up(cfg, sources, procs, lock):
-    """The run at its first step: out_dir locked, the settings decided, the model built, the steps fitted.
-    With a preset the settings are its own; a resumed run keeps those it started with; fine-tuning takes
-    the model's shape from its weights; with no preset the model is sized for the data and the time."""
-    # A mistake that one process meets ends them all: each block, then all agree.
-    with procs.fail_together():
+def set_up(cfg, procs, lock, ckpt):
+    """The run at its first step: out_dir locked, the start taken (scratch, resume from ckpt, or fine-tune), what
+    is auto chosen, the model built with its optimizer."""
+    with procs.fail_together():  # a mistake one process meets (rank 0 alone writes) ends them all
         if procs.master and not cfg.dry_run:
             lock.acquire()  # a run that fails to start changes nothing
-        data = dataset.load_data(cfg.data_dir)
-    with procs.fail_together():
-        fine_tune = cfg.init_from not in ("scratch", "resume")
-        pretrained = weights.load_weights(cfg.init_from, cfg.out_dir) if fine_tune else None
-        ckpt = files.checkpoint_to_resume(saved(cfg), cfg, procs.device)
-        if ckpt is not None:  # a resumed run keeps the settings it started with
-            cfg = weights.resumed_config(ckpt, cfg, sources, procs.device_type)
-        elif pretrained is not None:  # a fine-tuned one takes the weights' shape
-            cfg = weights.finetune_settings(pretrained, cfg, data[0], sources)
-        dtype = device.pick_dtype(cfg.dtype, procs.device_type, training=True)
-        cfg = dataclasses.replace(cfg, dtype=device.NAMES[dtype])
-        preset = any(where != "command line" for where in sources.values())
-        timed = ckpt is None and (cfg.max_time or not (preset or "max_iters" in sources))
-        sized = ckpt is None and pretrained is None and not (preset or all(k in sources for k in budget.SIZED))
-        speeds = budget.Speeds(device.machine(procs.device, dtype), data[0]["vocab_size"]) \
-            if (timed or sized) and procs.world == 1 else None  # what this machine timed before
-        time_budget = budget.Budget(cfg, sources, speeds) if timed else None
-        if sized:  # no preset: the model sized for the data and the time
-            measure = lambda c: probe(build(c, data, procs), speeds)  # noqa: E731
-            cfg = budget.size_for_data(cfg, sources, data, procs, time_budget, measure)
+        meta, splits = data = dataset.load_data(cfg.data_dir)
+        pretrained = None
+        if ckpt is None and saved(cfg).exists() and not cfg.overwrite:
+            raise UserError(f"{saved(cfg)} exists; continue it with --init_from=resume, start over with "
+                            "--overwrite=true, or pick another --out_dir")
+        if cfg.init_from not in ("scratch", "resume"):  # fine-tuning: the model's shape is the weights'
+            pretrained = weights.load_weights(cfg.init_from, cfg.out_dir)
+            cfg = weights.finetune_settings(pretrained, cfg, meta)
+        cfg = dataclasses.replace(cfg, dtype=device.NAMES[device.pick_dtype(cfg.dtype, procs.device_type, True)])
+    sizes, age = (len(splits["train"]), len(splits["val"]), meta["vocab_size"]), system.process_age()
+    cfg, chosen = budget.fill_auto(cfg, sizes, procs.device_type, lambda c: measure(c, data, procs),
+                                   procs.broadcast((age,))[0])
     with procs.fail_together():
         run = build(cfg, data, procs, pretrained)
-        if ckpt is not None:  # checked first: the same model and tokenizer, and steps left
-            run.it, run.best_val, run.bad_evals, run.evaluated, run.wandb_id = weights.restore(
-                ckpt, cfg, run.raw_model, run.optimizer, run.scaler, run.meta)
+        if ckpt is not None:  # resumed: where it stopped
+            weights.restore(ckpt, run)
             procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
-    del pretrained, ckpt  # not twice in memory
-    run.model = procs.wrap(device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else run.raw_model)
-    if time_budget is not None:
-        with device.peer_lost():  # the probe's steps, under DDP
-            step_s, eval_s = probe(run, speeds)
-        now = procs.broadcast((budget.process_age(),))[0]
-        run.cfg, said = time_budget.fit(run.cfg, step_s, eval_s, now, len(run.splits["val"]))
-        run.time_budget = time_budget
-        procs.say(said)
-    with procs.fail_together():  # the first write
         if procs.master and not cfg.dry_run:
-            files.start_log(cfg.out_dir, run.it)
-    procs.say(f"{run.raw_model.num_params():,} params, {tokens_per_step(run):,} tokens/step: batch {cfg.batch_size} x "
-              f"grad_accum {cfg.grad_accum} x {procs.world} process(es) x {cfg.block_size}; {procs.device} {cfg.dtype}")
+            files.start_log(cfg.out_dir, run.it)  # the first write
+    run.model = procs.wrap(device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else run.raw_model)
+    procs.say(f"{chosen}\n" * bool(chosen) + f"{run.raw_model.num_params():,} params, {tokens_per_step(run):,} "
+              f"tokens/step: batch {cfg.batch_size} x grad_accum {cfg.grad_accum} x {procs.world} process(es) x "
+              f"{cfg.block_size}; {procs.device} {cfg.dtype}")
     return run
 
 
@@ -202,14 +180,15 @@ def build(cfg, data, procs, pretrained=None):
     and training fits in memory: the model (seeded, or holding the weights to fine-tune), its optimizer."""
     meta, splits = data
     dataset.check_block_size(splits, cfg.block_size, cfg.data_dir)
-    mconf = model_config(cfg, meta["vocab_size"])
-    device.check_model_fits(mconf, cfg.batch_size, cfg.block_size, procs.device, device.DTYPES[cfg.dtype])
+    mconf, dtype = model_config(cfg, meta["vocab_size"]), device.DTYPES[cfg.dtype]
+    device.check_model_fits(mconf, cfg.batch_size, cfg.block_size, procs.device, dtype)
     torch.manual_seed(cfg.seed)
     model = GPT(mconf).to(procs.device)
     if pretrained is not None:
         procs.say(weights.load_into(model, pretrained, meta))
     return Run(cfg, procs, meta, splits, model, make_optimizer(model, cfg, procs.device_type),
-               torch.amp.GradScaler(procs.device_type, enabled=cfg.dtype == "float16"), model)
+               torch.amp.GradScaler(procs.device_type, enabled=dtype == torch.float16), model,
+               device.autocast(procs.device_type, dtype))
 
 
 def model_config(cfg, vocab_size):
@@ -221,6 +200,19 @@ def model_config(cfg, vocab_size):
         raise UserError(f"model config: {e}") from None
 
 
+def measure(cfg, data, procs):
+    """(seconds per step, per forward pass of a batch, seconds it took) of a new model of cfg here, rank 0's on every
+    process: a few real steps, timed, for the sizing to choose by."""
+    started, run = time.perf_counter(), build(cfg, data, procs)
+    batches = train_batches(run.splits["train"], cfg, procs.rank, 0, procs.device)
+    x, y = next(batches)
+    step = lambda: train_step(run.model, run.optimizer, run.scaler, run.autocast, cfg, x, y, batches)  # noqa: E731
+    step_s = budget.time_per_call(step, min_seconds=0.5)
+    with torch.no_grad(), eval_autocast(run):
+        forward_s = budget.time_per_call(lambda: run.model.eval()(x, y)[1].item(), min_seconds=0.1, warmup=1)
+    return procs.broadcast((step_s, forward_s, time.perf_counter() - started))
+
+
 def saved(cfg, name="ckpt.pt"):
     """ckpt.pt: the latest state; best.pt: the lowest val loss."""
     return Path(cfg.out_dir) / name
@@ -230,101 +222,100 @@ def tokens_per_step(run):
     return run.cfg.batch_size * run.cfg.grad_accum * run.procs.world * run.cfg.block_size
 
 
+def eval_autocast(run):
+    """An evaluation's: on a CPU none (fp32: the loss exact); elsewhere the steps'."""
+    return contextlib.nullcontext() if run.procs.device_type == "cpu" else run.autocast
+
+
+def preview(run):
+    """A dry run's last words: how to train the run it chose."""
+    run.procs.say(f"to train it: {budget.repeat_command(run.cfg)}\ndry run: nothing trained, nothing written")
+    return 0
+
+
 # --- The loop ------------------------------------------------------------------------------------
 
 
-def train(run, stop):
+def train(run, stop, argv):
     """The loop: the learning rate; an evaluation and checkpoint when due; forward and backward over the
     micro-batches; clip; step; log. Returns the exit code."""
-    batches = train_batches(run.splits["train"], run.cfg, run.procs.rank, run.it, run.procs.device)
+    cfg, procs = run.cfg, run.procs
+    if run.seconds is None:  # a new run; a timed one has what is left of its time, on rank 0's clock
+        seconds, age = budget.parse_duration(cfg.max_time), procs.broadcast((system.process_age(),))[0]
+        run.seconds = math.inf if seconds is None else budget.USABLE * seconds - age
+    batches = train_batches(run.splits["train"], cfg, procs.rank, run.it, procs.device)
     x, y = next(batches)
-    # A timed run's loop times its steps and evaluations, for the budget to fit the steps again as the run goes.
-    times = budget.LoopTimes(run.it) if run.time_budget else contextlib.nullcontext()
-    signum, bad, stop.model = 0, None, run.raw_model  # a signal or a bad loss ends it
-    first, stepped_ms = run.it, 0.0
+    signum, bad, stop.model, clock = 0, None, run.raw_model, system.process_age() - run.spent  # the clock's zero
     with files.open_trackers(run) as run.trackers, \
-            tqdm(total=run.cfg.max_iters, initial=run.it, disable=not run.procs.master or None) as bar:
+            tqdm(total=cfg.max_iters, initial=run.it, disable=not procs.master or None) as bar:
         while True:
-            if run.time_budget is not None and (evaluation_due(run) or run.it % AGREE_EVERY == 0):
-                replan(run, times, bar)  # may end the run at this step
-            lr = get_lr(run.it, run.cfg)
+            progress = min(1.0, max(run.it / max(1, cfg.max_iters), run.spent / max(run.seconds, 1e-9)))
+            lr = get_lr(progress, cfg)
             for group in run.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's: muon_lr's
-            if evaluation_due(run):
-                with times, run.procs.fail_together():  # a full disk ends every process
-                    if run.procs.master:
-                        evaluate(run, lr, bar.write)
-                run.bad_evals, signum = map(int, run.procs.broadcast((run.bad_evals, stop.signum or 0)))  # rank 0's
-            if signum or run.it >= run.cfg.max_iters or 0 < run.cfg.patience <= run.bad_evals:
+            evaluating = progress >= run.next_eval
+            if evaluating:
+                with procs.fail_together():  # a full disk under rank 0's checkpoint ends every process
+                    evaluate(run, lr, progress, bar.write)
+            if procs.world == 1 or evaluating or run.it % AGREE_EVERY == 0:
+                signum = agree(run, stop, bad, system.process_age() - clock)
+            if signum or progress >= 1 or 0 < cfg.patience <= run.bad_evals:
                 break
             t0 = time.perf_counter()
-            if run.cfg.dropout > 0:  # this step's dropout masks
-                torch.manual_seed(step_seed(run.cfg.seed, run.procs.rank, run.it))
-            loss, x, y = train_step(run.model, run.optimizer, run.scaler, run.autocast, run.cfg, x, y, batches)
-            step_ms = (time.perf_counter() - t0) * 1000
-            run.it, stepped_ms = run.it + 1, stepped_ms + step_ms
+            if cfg.dropout > 0:  # this step's dropout masks
+                torch.manual_seed(step_seed(cfg.seed, procs.rank, run.it))
+            loss, x, y = train_step(run.model, run.optimizer, run.scaler, run.autocast, cfg, x, y, batches)
+            step_ms, run.it = (time.perf_counter() - t0) * 1000, run.it + 1
             bad = bad if bad is not None or math.isfinite(loss) else f"{loss} at iteration {run.it}"
             log_step(run, loss, lr, step_ms, bar)
-            # Every process decides together whether to stop: after each step when alone, else every
-            # AGREE_EVERY steps and before each evaluation, so nothing is saved after a non-finite loss.
-            if run.procs.world == 1 or run.it % AGREE_EVERY == 0 or evaluation_due(run):
-                signum, failed = run.procs.all_max((stop.signum or 0, bad is not None))
-                if failed:
-                    bad = bad or f"not finite on another process by iteration {run.it}"
-                    raise UserError(f"loss is {bad}; the last good checkpoint is kept in {run.cfg.out_dir}. Try a "
-                                    "lower --learning_rate, or bfloat16 instead of float16")
-                if signum:
-                    break
-    return finish(run, signum, stepped_ms / max(1, run.it - first))
+    return finish(run, signum, argv)
 
 
-def evaluation_due(run):
-    """Every eval_interval steps, and at the end: once each."""
-    return (run.it % run.cfg.eval_interval == 0 or run.it == run.cfg.max_iters) and run.it != run.evaluated
+def get_lr(progress, cfg):
+    """At progress in [0, 1] (steps, or seconds, done of the run's): a linear warmup over its first `warmup`
+    share, then a cosine decay to min_lr at its end."""
+    if progress < cfg.warmup:
+        return cfg.learning_rate * progress / cfg.warmup
+    decay = (progress - cfg.warmup) / (1 - cfg.warmup)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * decay)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def replan(run, times, bar):
-    measured = times.means(run.it)  # the steps fitted again from the loop's own times, rank 0's on every process
-    if measured:
-        run.cfg, said = run.time_budget.replan(run.cfg, run.it, *run.procs.broadcast(measured))
-        bar.total = run.cfg.max_iters
-        if said and run.procs.master:
-            bar.write(said)
+def agree(run, stop, bad, spent):
+    """What every process decides together: the clock is rank 0's (spent: this one's), and a signal to any process
+    or a loss gone non-finite on any stops them all. Returns the signal's number, or 0."""
+    mine = (spent if run.procs.master else 0.0, stop.signum or 0, bad is not None)
+    run.spent, signum, failed = run.procs.all_max(mine)
+    if failed:
+        raise UserError(f"loss is {bad or 'not finite on another process'}; the last good checkpoint is kept in "
+                        f"{run.cfg.out_dir}. Try a lower --learning_rate, or bfloat16 instead of float16")
+    return int(signum)
 
 
-def get_lr(it, cfg):
-    """Linear warmup, cosine decay, then min_lr."""
-    decay_iters = cfg.lr_decay_iters or cfg.max_iters
-    if it < cfg.warmup_iters:
-        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
-    if it >= decay_iters:
-        return cfg.min_lr
-    progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
-    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
-
-
-def evaluate(run, lr, write):
-    """Estimates the losses (the same batches each time: a change is the model's) and logs them; saves
-    ckpt.pt, and best.pt when val improved. A stop signal ends it between two batches, with nothing saved."""
+def evaluate(run, lr, progress, write):
+    """Estimates the losses (the same batches each time: a change is the model's) on every process, which all
+    decide alike; rank 0 logs them and saves ckpt.pt, and best.pt when val improved. A stop signal ends it between
+    two batches, with nothing saved; weights whose val loss is not finite are not saved either."""
     model = getattr(run.model, "module", run.model)  # never under DDP
     try:
-        losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, run.eval_autocast)
+        losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, eval_autocast(run))
     except system.Stopped:
         return model.train()
-    record = {"iter": run.it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
-              "val_bpc": losses["val"] / math.log(2)}
-    if run.procs.device_type == "cuda":
-        record["peak_memory"] = torch.cuda.max_memory_allocated()
-    files.append_record(run.cfg.out_dir, record, run.trackers)
+    every = run.cfg.eval_interval
+    run.next_eval = (math.floor(progress * budget.EVALS) + 1) / budget.EVALS if run.seconds < math.inf else \
+        min(run.cfg.max_iters, (run.it // every + 1) * every) / max(1, run.cfg.max_iters)
+    if not math.isfinite(losses["val"]):
+        return
     improved = losses["val"] < run.best_val
     run.best_val, run.bad_evals = min(run.best_val, losses["val"]), 0 if improved else run.bad_evals + 1
-    state = run_state(run, losses["val"])
-    save_checkpoint(state, saved(run.cfg))
-    if improved:
-        save_checkpoint(state, saved(run.cfg, "best.pt"))
-    run.evaluated = run.it
-    write(f"step {run.it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-          f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
+    if run.procs.master:
+        record = {"iter": run.it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
+                  "val_bpc": losses["val"] / math.log(2)}
+        if run.procs.device_type == "cuda":
+            record["peak_memory"] = torch.cuda.max_memory_allocated()
+        files.append_record(run.cfg.out_dir, record, run.trackers)
+        save_checkpoint(run, losses["val"], "ckpt.pt", "best.pt" if improved else None)
+        write(f"step {run.it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
+              f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
 
 
 def train_step(model, optimizer, scaler, autocast, cfg, x, y, batches):
@@ -360,23 +351,23 @@ def log_step(run, loss, lr, step_ms, bar):
         files.append_record(run.cfg.out_dir, record, run.trackers)
 
 
-def finish(run, signum, ms):
-    """The run's last words and its exit code: stopped by a signal (ckpt.pt saved, to continue from),
-    stopped early (no better val loss for --patience evaluations), or done; a timed run's repeat.txt. ms: the steps'
-    mean (log.jsonl's ms_per_iter)."""
+def finish(run, signum, argv):
+    """The run's last words and its exit code: stopped by a signal (ckpt.pt saved, to continue from), stopped
+    early (no better val loss for --patience evaluations), or done; a timed run's command to train it again."""
     with run.procs.fail_together():
-        if run.procs.master and signum and run.evaluated != run.it:  # else this step's evaluation has saved it
-            save_checkpoint(run_state(run, None), saved(run.cfg))
-        if run.procs.master and run.time_budget:
-            run.procs.say(f"to train it again without timing anything: {budget.save_repeat_command(run.cfg)}")
+        if run.procs.master and signum:
+            save_checkpoint(run, None, "ckpt.pt")
+        if run.procs.master and not signum and run.seconds < math.inf:
+            run.procs.say(f"to train it again, for its steps: {budget.save_repeat_command(run.cfg, run.it)}")
     if signum:
-        run.procs.say(f"stopped by {system.signal_name(signum)} at iteration {run.it}; saved {saved(run.cfg)} "
-                      "(continue with --init_from=resume)")
+        again = shlex.join(["python", "train.py", *argv, "--init_from=resume"])
+        run.procs.say(f"stopped by {system.signal_name(signum)} at iteration {run.it}; saved {saved(run.cfg)}; "
+                      f"continue with: {again}")
         return 128 + signum
-    if run.it < run.cfg.max_iters:
+    if 0 < run.cfg.patience <= run.bad_evals:
         run.procs.say(f"stopped early at iteration {run.it}: val loss has not improved for {run.bad_evals} "
                       f"evaluations (--patience={run.cfg.patience}); the best model is in {saved(run.cfg, 'best.pt')}")
-    run.procs.say(f"done: {run.it} iterations, best val {run.best_val:.4f}, {ms:.1f} ms a step; in {run.cfg.out_dir}")
+    run.procs.say(f"done: {run.it} iterations, best val {run.best_val:.4f}; in {run.cfg.out_dir}")
     return 0
 
 
@@ -440,41 +431,24 @@ def make_optimizer(model, cfg, device_type):
     return optim.Optimizers(adamw, optim.muon(matrices, cfg)) if matrices else adamw
 
 
-def save_checkpoint(state, path):
-    """Written whole or not at all (files.write_atomic): a crash leaves the previous checkpoint or the new one."""
-    try:
-        files.write_atomic(path, lambda f: torch.save(state, f))
-    except OSError as e:
-        then = ("the previous checkpoint is kept: free some space and continue with --init_from=resume"
-                if path.exists() else "nothing was saved: free some space and run again")
-        raise UserError(f"{files.write_error(path, e)}; {then}") from None
-
-
-def run_state(run, val_loss):
-    """What ckpt.pt holds after step run.it, in tensors and plain data: enough to resume exactly, or sample.
-    val_loss: that step's evaluation, or None (saved on a signal)."""
-    return {"format": files.CHECKPOINT_FORMAT, "model": run.raw_model.state_dict(),
-            "model_config": dataclasses.asdict(run.raw_model.config), "train_config": dataclasses.asdict(run.cfg),
-            "meta": run.meta, "iter": run.it, "best_val_loss": run.best_val, "val_loss": val_loss,
-            "bad_evals": run.bad_evals, "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict(),
-            "device_type": run.procs.device_type, "wandb_run_id": getattr(run.trackers, "wandb_id", run.wandb_id)}
-
-
-def probe(run, speeds=None):
-    """(seconds per step, per evaluation with its checkpoints) of run, rank 0's on every process: as this machine
-    timed it before (speeds, a budget.Speeds), else timed on a few real steps, then put back (budget.time_steps)."""
-    cfg = run.cfg
-    draw = functools.partial(get_batch, run.splits["train"], cfg.batch_size, cfg.block_size,
-                             np.random.default_rng(cfg.seed), run.procs.device)
-    batch = draw()
-    step = functools.partial(train_step, run.model, run.optimizer, run.scaler, run.autocast, cfg, *batch,
-                             iter(draw, None))
-    time_it = functools.partial(budget.time_steps, step, run.raw_model, batch, run.eval_autocast, run.optimizer,
-                                run.scaler, calls=5 if run.procs.world > 1 else None)
-    step_s, forward_s, save_s = speeds.measure(cfg, time_it) if speeds else time_it()
-    eval_batches = 2 * (cfg.eval_iters or len(run.splits["val"]) / (cfg.batch_size * cfg.block_size))  # val, train
-    return run.procs.broadcast((step_s, eval_batches * forward_s + save_s))
+def save_checkpoint(run, val_loss, *names):
+    """What ckpt.pt holds after step run.it, in tensors and plain data (enough to resume exactly, or sample), saved
+    as each of names; val_loss: that step's evaluation, or None (saved on a signal). Each file is written whole or not
+    at all (files.write_atomic): a crash leaves the previous checkpoint or the new one."""
+    state = {"format": files.CHECKPOINT_FORMAT, "model": run.raw_model.state_dict(),
+             "model_config": dataclasses.asdict(run.raw_model.config), "train_config": dataclasses.asdict(run.cfg),
+             "meta": run.meta, "iter": run.it, "best_val_loss": run.best_val, "val_loss": val_loss,
+             "bad_evals": run.bad_evals, "next_eval": run.next_eval, "spent": run.spent, "seconds": run.seconds,
+             "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict(),
+             "wandb_run_id": getattr(run.trackers, "wandb_id", run.wandb_id)}
+    for path in (saved(run.cfg, name) for name in names if name):
+        try:
+            files.write_atomic(path, lambda f: torch.save(state, f))
+        except OSError as e:
+            then = ("the previous checkpoint is kept: free some space and continue with --init_from=resume"
+                    if path.exists() else "nothing was saved: free some space and run again")
+            raise UserError(f"{files.write_error(path, e)}; {then}") from None
 
 
 if __name__ == "__main__":
-    system.exit(main())
+    raise SystemExit(main())

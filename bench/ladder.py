@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
-from tinygpt import system# noqa: E402  first: Ctrl-C while torch loads is one line  # isort: skip
+from tinygpt import system  # noqa: E402
 import torch  # noqa: E402
 from machine import machine  # noqa: E402
 

@@ -74,4 +74,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    system.exit(main())
+    raise SystemExit(main())

@@ -4,8 +4,9 @@
 
 A script's settings are a dataclass whose fields carry their help text. TOML presets are laid
 over the defaults in order, then the command line's --key=value. TOML is parsed (tomllib), never
-executed, and every key, type and range is checked. This module imports nothing of the project:
-the scripts and the package import it.
+executed, and every key, type and range is checked. A setting whose default is "auto" takes that
+word too: the script chooses its value (train.py: tinygpt/budget.py). This module imports nothing
+of the project: the scripts and the package import it.
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ import types
 import typing
 
 BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+AUTO = "auto"  # the value of a setting the script chooses itself
 BOUNDS = {"low": (operator.ge, "at least"), "above": (operator.gt, "more than"), "high": (operator.le, "at most"),
           "below": (operator.lt, "less than")}
 
@@ -40,13 +42,13 @@ def option(default, help, **allowed):
     return dataclasses.field(default=default, metadata={"help": help, "allowed": allowed})
 
 
-def load_config(cls, argv, prog="", description="", sources=None, rest=None):
-    """A `cls` from the presets and --key=value overrides in argv; --help prints and exits. A dict given
-    as sources is filled with where each key that was set came from: the preset's path, or "command line".
-    A list given as rest takes the --key options cls does not know, as written, instead of refusing them.
+def load_config(cls, argv, prog="", description="", rest=None, base=None):
+    """A `cls` from the presets and --key=value overrides in argv; --help prints and exits. A list given
+    as rest takes the --key options cls does not know, as written, instead of refusing them. A dict given as
+    base holds settings laid over the presets, under the command line (a resumed run's own: train.py).
     description: the first line of --help's text (a docstring may be given whole)."""
     fields, hints = {f.name: f for f in dataclasses.fields(cls)}, typing.get_type_hints(cls)
-    values, origin, given, args = {}, {}, {}, list(argv)
+    values, given, args = {}, {}, list(argv)
     while args:
         arg = args.pop(0)
         if arg in ("-h", "--help"):
@@ -54,7 +56,7 @@ def load_config(cls, argv, prog="", description="", sources=None, rest=None):
             raise SystemExit(0)
         if not arg.startswith("--"):
             for name, value in read_toml(arg).items():
-                values[name], origin[name] = convert(fields, hints, name, value, arg), arg
+                values[name] = convert(fields, hints, name, value, arg)
             continue
         name, has_value, value = arg[2:].partition("=")
         name = name.replace("-", "_")
@@ -70,9 +72,7 @@ def load_config(cls, argv, prog="", description="", sources=None, rest=None):
                 raise UserError(f"command line: --{name} needs a value, e.g. --{name}=VALUE")
         value = convert(fields, hints, name, value, "command line", from_text=True)
         given[name] = given.get(name, []) + value if isinstance(value, list) else value
-    if sources is not None:
-        sources.update(origin | dict.fromkeys(given, "command line"))
-    return cls(**(values | given))
+    return cls(**(values | {k: v for k, v in (base or {}).items() if k in fields} | given))
 
 
 def unwrap(tp):
@@ -95,6 +95,8 @@ def convert(fields, hints, name, value, source, from_text=False):
         close = difflib.get_close_matches(name, list(hints), n=1)
         hint = f"; did you mean {close[0]}?" if close else "; see --help for the known keys"
         raise UserError(f"{source}: unknown key {name!r}{hint}")
+    if value == AUTO and fields[name].default == AUTO:
+        return AUTO
     base, optional = unwrap(hints[name])
     if optional and isinstance(value, str) and value.lower() in ("none", "null", ""):  # TOML has no null
         return None
@@ -156,6 +158,6 @@ def help_text(cls, prog, description):
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         allowed = f.metadata.get("allowed")
-        lines += [f"  --{f.name}={default!r}  ({type_name(hints[f.name])})",
+        lines += [f"  --{f.name}={default!r}  ({type_name(hints[f.name])}{' or auto' * (default == AUTO)})",
                   f"      {f.metadata.get('help', '')}" + (f" ({rule(allowed)})" if allowed else "")]
     return "\n".join(lines)

@@ -1,9 +1,13 @@
-"""Shared fixtures: one thread for torch, and a small prepared character data set."""
+"""Shared fixtures: one thread for torch, a small prepared character data set, a stop part way through a run."""
+
+import os
+import signal
 
 import pytest
 import torch
 
 import prepare
+import train
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -15,11 +19,22 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path_factory, monkeypatch):
-    """Each test starts with a cache of its own (system.cache_dir): nothing that another test, or this
-    machine's own runs, timed and remembered (budget.Speeds)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+@pytest.fixture
+def stop_at(monkeypatch):
+    """stop_at(n): the next run in this process gets a SIGTERM once it has taken n steps, as a user's kill would."""
+
+    def arm(iteration):
+        real = train.log_step
+
+        def log_step(run, *args):
+            real(run, *args)
+            if run.it == iteration:
+                monkeypatch.setattr(train, "log_step", real)  # once
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        monkeypatch.setattr(train, "log_step", log_step)
+
+    return arm
 
 
 @pytest.fixture(scope="session")

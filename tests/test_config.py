@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import train
-from config import UserError, load_config, option
+from config import AUTO, UserError, load_config, option
 from tinygpt.system import cli
 
 
@@ -42,17 +42,25 @@ def test_presets_overlay_the_defaults_in_order_then_the_command_line(tmp_path):
 
 def test_the_command_line_overrides_a_preset_named_after_it(tmp_path):
     first = toml(tmp_path / "first.toml", 'layers = 10\nrate = 3.5\ninputs = ["a.txt"]\n')
-    sources = {}
-    cfg = load_config(Settings, ["--layers=30", "--inputs=b.txt", first, "--inputs", "c.txt"], sources=sources)
+    cfg = load_config(Settings, ["--layers=30", "--inputs=b.txt", first, "--inputs", "c.txt"])
     assert (cfg.layers, cfg.rate, cfg.inputs) == (30, 3.5, ["b.txt", "c.txt"])
-    assert sources == {"layers": "command line", "inputs": "command line", "rate": first}
 
 
-def test_sources_say_where_each_set_key_came_from(tmp_path):
-    first = toml(tmp_path / "first.toml", "layers = 10\nrate = 3.5\n")
-    sources = {}
-    load_config(Settings, [first, "--rate=1", "--flag"], sources=sources)
-    assert sources == {"layers": first, "rate": "command line", "flag": "command line"}
+@dataclass
+class Chosen:
+    width: int = option(AUTO, "chosen by the script unless given", low=1)
+    kind: str = option(AUTO, "likewise, one of a few", choices=("a", "b"))
+    depth: int = option(2, "a plain number")
+
+
+def test_auto_is_a_value_of_a_setting_whose_default_it_is_and_of_no_other(tmp_path):
+    assert load_config(Chosen, []) == Chosen(AUTO, AUTO, 2)
+    assert load_config(Chosen, ["--width=auto", "--kind=b"]) == Chosen(AUTO, "b", 2)
+    assert load_config(Chosen, [toml(tmp_path / "p.toml", 'width = 8\nkind = "auto"\n')]) == Chosen(8, AUTO, 2)
+    with pytest.raises(UserError, match="depth must be int"):
+        load_config(Chosen, ["--depth=auto"])
+    with pytest.raises(UserError, match="width must be at least 1"):
+        load_config(Chosen, ["--width=0"])
 
 
 def test_key_space_value_works_like_key_equals_value():
@@ -157,9 +165,11 @@ def test_help_lists_every_training_key_with_its_type_and_default(capsys):
     hints = typing.get_type_hints(train.TrainConfig)
     names = {int: "int", float: "float", str: "str", bool: "bool"}
     for f in dataclasses.fields(train.TrainConfig):
-        assert f"--{f.name}={f.default!r}  ({names[hints[f.name]]})" in out
+        assert f"--{f.name}={f.default!r}  ({names[hints[f.name]]}{' or auto' * (f.default == AUTO)})" in out
         assert f.metadata["help"] in out
     assert len(dataclasses.fields(train.TrainConfig)) > 30  # the whole dataclass, not a few keys
+    chosen = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "dropout", "optimizer", "pos")
+    assert all(f"--{name}='auto'  (" in out for name in chosen)  # every setting the sizing chooses
 
 
 def test_a_string_in_toml_is_not_taken_for_a_number(tmp_path):

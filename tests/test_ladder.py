@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "config" / "ladder").glob("*.toml"))
 SWITCHES = ("n_layer", "mixer", "feedforward", "residual", "layernorm", "pos", "tie_weights", "dropout", "score",
             "window")
-RECIPE = ("optimizer", "learning_rate", "muon_lr", "muon_momentum")  # the modern GPT trains its own way
-CLASSIC = ("adamw", 1e-3, 0.01, 0.95)  # AdamW at nanoGPT's rate (the Muon settings are the unused defaults)
-FAST = ("muon", 1.5e-3, 0.015, 0.9)  # config/shakespeare_char_cpu_fast.toml's
+RECIPE = ("optimizer", "learning_rate", "muon_lr", "muon_momentum", "muon_weight_decay")  # the modern GPT's own
+CLASSIC = ("adamw", 1e-3, 0.015, 0.9, "auto")  # AdamW at nanoGPT's rate (the Muon settings are the unused defaults)
+FAST = ("muon", 1.5e-3, 0.015, 0.9, 0.0)  # config/shakespeare_char_cpu_fast.toml's
 
 # What each rung switches on, in the order of model.py and the README; the b and c rows beside a rung
 # change one thing in it.
@@ -65,7 +65,7 @@ def test_every_rung_has_the_same_budget():
 def test_preset_trains_a_few_steps(preset, data_dir, tmp_path):
     out = tmp_path / "out"
     tiny = ["--max_iters=3", "--n_embd=16", "--block_size=32", "--batch_size=2", "--eval_interval=3",
-            "--eval_iters=2", "--log_interval=1", "--warmup_iters=1"]  # block 32: the windows of 16 and 32 fit
+            "--eval_iters=2", "--log_interval=1", "--warmup=0.3"]  # block 32: the windows of 16 and 32 fit
     assert train.main([str(preset), f"--data_dir={data_dir}", f"--out_dir={out}", *tiny]) == 0
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["iter"] == 3

@@ -1,6 +1,7 @@
 """optim.py and --optimizer=muon: who gets Muon, what its update is, and resuming."""
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ def read_log(out_dir):
 
 
 def test_muon_gets_the_block_matrices_and_adamw_everything_else():
-    cfg = train.TrainConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, bias=True, optimizer="muon")
+    cfg = train.TrainConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, bias=True, dropout=0.0, pos="learned",
+                            optimizer="muon", muon_weight_decay=0.0)
     model = train.GPT(train.model_config(cfg, 11))
     optimizer = train.make_optimizer(model, cfg, "cpu")
     adamw, muon = optimizer.optimizers
@@ -80,21 +82,22 @@ def test_orthogonalization_brings_every_singular_value_near_one(shape):
     assert s.min() > 0.5 and s.max() < 1.5  # the quintic's target band, not exactly 1
 
 
-def test_each_optimizer_follows_the_schedule_from_its_own_peak(data_dir, tmp_path):
-    schedule = ["--max_iters=7", "--lr_decay_iters=20", "--learning_rate=2e-3"]
-    assert run_train(data_dir, tmp_path, *schedule, "--muon_lr=0.03") == 0
+def test_each_optimizer_follows_the_schedule_from_its_own_peak(data_dir, tmp_path, stop_at):
+    schedule = ["--max_iters=20", "--learning_rate=2e-3", "--muon_lr=0.03"]
+    stop_at(7)  # stopped part way, where the rates are neither the peak nor the end's
+    assert run_train(data_dir, tmp_path, *schedule) == 128 + signal.SIGTERM
     saved = files.load_checkpoint(tmp_path / "ckpt.pt")["optimizer"]["optimizers"]
-    cfg = train.TrainConfig(max_iters=7, lr_decay_iters=20, warmup_iters=5, learning_rate=2e-3)
-    lr = train.get_lr(7, cfg)  # the loop sets the rate before it checkpoints at the end
+    lr = train.get_lr(7 / 20, train.TrainConfig(warmup=0.25, learning_rate=2e-3, min_lr=1e-4))  # set, then saved
     assert [g["lr"] for g in saved[0]["param_groups"]] == pytest.approx([lr, lr])
     assert saved[1]["param_groups"][0]["lr"] == pytest.approx(lr * 0.03 / 2e-3)
 
 
-def test_resume_with_muon_and_rope_matches_uninterrupted_run(data_dir, tmp_path):
-    common = ["--lr_decay_iters=16", "--log_interval=1", "--pos=rope", "--dropout=0.1"]
-    assert run_train(data_dir, tmp_path / "whole", "--max_iters=16", *common) == 0
-    assert run_train(data_dir, tmp_path / "split", "--max_iters=8", *common) == 0
-    assert run_train(data_dir, tmp_path / "split", "--max_iters=16", "--init_from=resume", *common) == 0
+def test_resume_with_muon_and_rope_matches_uninterrupted_run(data_dir, tmp_path, stop_at):
+    common = ["--max_iters=16", "--log_interval=1", "--pos=rope", "--dropout=0.1"]
+    assert run_train(data_dir, tmp_path / "whole", *common) == 0
+    stop_at(8)
+    assert run_train(data_dir, tmp_path / "split", *common) == 128 + signal.SIGTERM
+    assert run_train(data_dir, tmp_path / "split", *common, "--init_from=resume") == 0
     whole = [(r["iter"], r["loss"]) for r in read_log(tmp_path / "whole") if "loss" in r]
     split = [(r["iter"], r["loss"]) for r in read_log(tmp_path / "split") if "loss" in r]
     assert len(whole) == 16 and split == whole  # bit-identical, momentum buffers included

@@ -134,23 +134,38 @@ def test_a_dead_process_is_found_without_signalling_anyone_on_windows(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".data.staging-{os.getppid()}"]
 
 
-EXITS = textwrap.dedent("""
-    import atexit, sys
+IMPORTS = textwrap.dedent("""
+    import glob, importlib, signal, sys
     sys.path.insert(0, ".")
-    from tinygpt import system
-    atexit.register(print, "Python's clean-up ran")
-    if sys.argv[1] == "profiled":
-        sys.setprofile(lambda *args: None)
-    print("the output, out")
-    system.exit(3)
+    signals = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s]
+    before = [signal.getsignal(s) for s in signals], sys.stdout, sys.stderr
+    modules = ["train", "sample", "prepare", "config"] + [f"tinygpt.{p[8:-3]}" for p in glob.glob("tinygpt/*.py")]
+    for name in modules:
+        importlib.import_module(name.removesuffix(".__init__"))
+    after = [signal.getsignal(s) for s in signals], sys.stdout, sys.stderr
+    print(len(modules), "modules;", "the same" if after == before else f"changed: {before} -> {after}")
 """)
 
 
-@pytest.mark.parametrize("how", ["plain", "profiled"])
-def test_a_script_ends_with_its_output_and_code_skipping_cleanup_unless_a_profiler_reports(how):
-    result = subprocess.run([sys.executable, "-c", EXITS, how], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 3 and result.stdout.startswith("the output, out\n")
-    assert ("clean-up ran" in result.stdout) == (how == "profiled")  # cProfile, coverage: they report at the exit
+def test_importing_any_module_of_ours_leaves_the_signal_handlers_and_the_streams_as_they_were():
+    result = subprocess.run([sys.executable, "-c", IMPORTS], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    count, said = result.stdout.split(" modules; ")
+    assert int(count) > 15 and said.strip() == "the same"
+
+
+ATEXIT = textwrap.dedent("""
+    import atexit, runpy, sys
+    sys.path.insert(0, ".")
+    atexit.register(print, "Python's clean-up ran")
+    sys.argv = ["prepare.py", "--help"]
+    runpy.run_path("prepare.py", run_name="__main__")
+""")
+
+
+def test_a_script_ends_through_pythons_own_exit_so_its_clean_up_runs():
+    result = subprocess.run([sys.executable, "-c", ATEXIT], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.rstrip().endswith("Python's clean-up ran"), result
 
 
 def test_stop_signals_are_those_the_system_has(monkeypatch):

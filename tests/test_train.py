@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -45,11 +46,13 @@ def test_tiny_run_lowers_the_loss_and_writes_checkpoints(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_resume_matches_uninterrupted_run(data_dir, tmp_path, dropout):
-    common = ["--lr_decay_iters=20", "--log_interval=1", f"--dropout={dropout}"]
-    assert run_train(data_dir, tmp_path / "whole", "--max_iters=20", *common) == 0
-    assert run_train(data_dir, tmp_path / "split", "--max_iters=10", *common) == 0
-    assert run_train(data_dir, tmp_path / "split", "--max_iters=20", "--init_from=resume", *common) == 0
+def test_resume_matches_uninterrupted_run(data_dir, tmp_path, stop_at, dropout):
+    common = ["--max_iters=20", "--log_interval=1", f"--dropout={dropout}"]
+    assert run_train(data_dir, tmp_path / "whole", *common) == 0
+    stop_at(10)
+    assert run_train(data_dir, tmp_path / "split", *common) == 128 + signal.SIGTERM
+    assert files.load_checkpoint(tmp_path / "split" / "ckpt.pt")["iter"] == 10
+    assert run_train(data_dir, tmp_path / "split", "--init_from=resume", *common) == 0
     whole = [(r["iter"], r["loss"]) for r in read_log(tmp_path / "whole") if "loss" in r]
     split = [(r["iter"], r["loss"]) for r in read_log(tmp_path / "split") if "loss" in r]
     assert len(whole) == 20
@@ -66,14 +69,14 @@ def test_full_val_evaluation_is_deterministic(data_dir, tmp_path):
     assert a == b
 
 
-def test_learning_rate_warms_up_then_decays_to_min_lr():
-    cfg = train.TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=110)
-    lrs = [train.get_lr(it, cfg) for it in range(120)]
-    assert all(a < b for a, b in zip(lrs[:10], lrs[1:11]))  # warmup rises
+def test_learning_rate_warms_up_then_decays_to_min_lr_as_the_run_progresses():
+    cfg = train.TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup=0.1)
+    lrs = [train.get_lr(p / 100, cfg) for p in range(101)]
+    assert lrs[0] == 0 and all(a < b for a, b in zip(lrs[:10], lrs[1:11]))  # warmup rises
     assert lrs[10] == pytest.approx(1e-3)
-    assert all(a >= b for a, b in zip(lrs[10:110], lrs[11:111]))  # cosine falls
-    assert lrs[110] == lrs[119] == pytest.approx(1e-4)
-    assert train.get_lr(60, cfg) == pytest.approx(5.5e-4)  # halfway: the midpoint
+    assert all(a > b for a, b in zip(lrs[10:100], lrs[11:101]))  # cosine falls
+    assert lrs[100] == pytest.approx(1e-4)
+    assert train.get_lr(0.55, cfg) == pytest.approx(5.5e-4)  # halfway through the decay: the midpoint
 
 
 def sgd_step(cfg, batches):
@@ -96,7 +99,7 @@ def micro_batches(n, batch_size, seed=0):
 
 
 def test_a_step_clips_the_gradient_norm_to_grad_clip():
-    cfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=4, dropout=0.0)
+    cfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=4, dropout=0.0, pos="learned")
     batches = micro_batches(1, 4)
     unclipped = sgd_step(dataclasses.replace(cfg, grad_clip=0.0), batches).norm()
     assert unclipped > 0.2  # so that a clip at 0.1 has something to cut
@@ -105,7 +108,7 @@ def test_a_step_clips_the_gradient_norm_to_grad_clip():
 
 
 def test_accumulated_micro_batches_step_on_the_mean_gradient_of_the_whole_batch():
-    cfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, dropout=0.0, grad_clip=0.0)
+    cfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, dropout=0.0, grad_clip=0.0, pos="learned")
     halves = micro_batches(2, 3)
     whole = [(torch.cat([halves[0][0], halves[1][0]]), torch.cat([halves[0][1], halves[1][1]]))]
     accumulated = sgd_step(dataclasses.replace(cfg, batch_size=3, grad_accum=2), halves)
@@ -114,7 +117,8 @@ def test_accumulated_micro_batches_step_on_the_mean_gradient_of_the_whole_batch(
 
 
 def test_weight_decay_applies_to_matrices_only():
-    cfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, bias=True)
+    cfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, bias=True, dropout=0.0, pos="learned",
+                            optimizer="adamw")
     model = train.GPT(train.model_config(cfg, 11))
     decayed, plain = train.make_optimizer(model, cfg, "cpu").param_groups
     assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0

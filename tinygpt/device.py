@@ -210,7 +210,7 @@ class Processes:
 
     def all_max(self, numbers):
         """Each number's maximum over the processes: one's stop request (a signal) or trouble is every process's."""
-        return tuple(numbers) if self.world == 1 else self._sync(numbers, torch.int64, dist.all_reduce, op=ReduceOp.MAX)
+        return tuple(numbers) if self.world == 1 else self._sync(numbers, torch.float64, dist.all_reduce, op=ReduceOp.MAX)
 
     def _sync(self, numbers, dtype, collective, **kwargs):
         t = torch.tensor(numbers, dtype=dtype, device=self.device)

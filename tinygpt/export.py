@@ -5,7 +5,6 @@ ids (batch, seq) -> logits (batch, seq, vocab), seq up to block_size. Both write
 architecture has is refused, never approximated. What each holds, the packages it needs, how to load it: docs/export.md.
 """
 
-from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import base64
 import dataclasses
 import importlib
@@ -19,7 +18,7 @@ import torch
 
 from config import UserError, load_config, option
 from model import GPT, GPTConfig
-from tinygpt import gpt2
+from tinygpt import gpt2, system
 from tinygpt.device import padded_vocab_size
 from tinygpt.files import checkpoint_path, load_checkpoint, staging_dir, swap_in, write_error
 from tinygpt.tokenizer import END_OF_TEXT, load_encoding, tokenizer_from_meta
@@ -384,4 +383,4 @@ def gpt_state(tensors, config, arch, source):
 
 
 if __name__ == "__main__":
-    system.exit(main())
+    raise SystemExit(main())

@@ -180,14 +180,6 @@ def link_tree(src, dst, skip=()):
 # --- A run's out_dir ------------------------------------------------------------------------------
 
 
-def run_out_dir(cfg, sources):
-    """A run's out_dir (cfg: a train.TrainConfig, sources: where each setting came from): as set by the command
-    line, or by the preset that names the data; else out/NAME for data/NAME."""
-    if cfg.out_dir and sources.get("out_dir") in ("command line", sources.get("data_dir")):
-        return cfg.out_dir
-    return str(Path("out") / Path(cfg.data_dir).name)
-
-
 class RunLock:
     """out_dir/lock, held by the run writing into out_dir from acquire() to release(): a filelock (flock; Windows:
     msvcrt), which the system lets go of when its process dies, however it dies: a killed run's lock is taken over."""
@@ -256,7 +248,7 @@ def start_log(out_dir, start_iter):
 
 # --- Checkpoints ------------------------------------------------------------------------------------
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: the loop's clock and next evaluation, to resume a timed run
 
 
 def checkpoint_path(out_dir, name=""):
@@ -287,17 +279,6 @@ def load_checkpoint(path, device="cpu", choosing=True):
         raise UserError(f"{path} has checkpoint format {ckpt['format']}, newer than this code "
                         f"({CHECKPOINT_FORMAT}); update the code to read it")
     return ckpt
-
-
-def checkpoint_to_resume(path, cfg, device):
-    """The checkpoint at path that a run (a train.TrainConfig) resumes from, --init_from=resume; None for a
-    new run, which must not replace one already there unless told to (--overwrite)."""
-    if cfg.init_from == "resume":
-        return load_checkpoint(path, device, choosing=False)
-    if path.exists() and not cfg.overwrite:
-        raise UserError(f"{path} exists; continue it with --init_from=resume, start over with --overwrite=true, "
-                        "or pick another --out_dir")
-    return None
 
 
 # --- The log's copies in TensorBoard and Weights & Biases (--log_to) --------------------------------------------

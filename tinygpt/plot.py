@@ -12,7 +12,6 @@ attention  for a prompt, the attention weights of every layer (rows) and head (c
 Needs matplotlib (pip install matplotlib); it writes files and never opens a window.
 """
 
-from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 
 from config import UserError, help_text, load_config, option
 from model import CausalAverage, MultiHeadAttention, tril_mask
+from tinygpt import system
 from tinygpt.files import checkpoint_path, write_atomic, write_error
 from tinygpt.weights import model_from_checkpoint
 
@@ -282,4 +282,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    system.exit(main())
+    raise SystemExit(main())

@@ -6,13 +6,13 @@ its whole val split (--eval_iters=0), so a prepared data set's val text scores t
 first token has no context and is not scored; bits per character count the characters of the tokens scored.
 """
 
-from tinygpt import system  # first: Ctrl-C while torch loads is one line, not a traceback  # isort: skip
 import math
 from dataclasses import dataclass
 
 import torch
 
 from config import UserError, load_config, option
+from tinygpt import system
 from tinygpt.dataset import mean_loss
 from tinygpt.device import autocast, choose_device, pick_dtype
 from tinygpt.prompts import drop_unknown, read_text
@@ -63,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    system.exit(main())
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Where a script meets its operating system, and all that differs between Linux, macOS and Windows. In order:
 what a script's main() meets (signals, output streams that close, the exit code), processes and memory,
-directories. Every script imports it first."""
+directories. Importing it changes nothing: a script's main() installs what it needs (cli, Stop) and puts it back."""
 
 import contextlib
 import ctypes
@@ -19,14 +19,6 @@ LINUX = sys.platform.startswith("linux")
 _IMPORTED = time.time()
 
 
-def interrupted(signum, frame):
-    try:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every process gets it: one line
-            os.write(2, b"interrupted\n" if signum == signal.SIGINT else f"stopped by {signal_name(signum)}\n".encode())
-    finally:
-        os._exit(128 + signum)  # nothing has been written yet: there is nothing to clean up
-
-
 def signal_name(signum):
     return signal.Signals(signum).name  # SIGTERM
 
@@ -34,16 +26,6 @@ def signal_name(signum):
 def stop_signals():
     """SIGINT (Ctrl-C), SIGTERM, and SIGHUP (a closed terminal) where the system has it (not Windows)."""
     return tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
-
-
-# While torch loads (seconds), Ctrl-C ends a script of ours with one line, not a traceback through the imports,
-# until its main() starts (cli takes over). A test or program that imports a script keeps its own Ctrl-C.
-_script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
-_package = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(os.path.abspath(_script)) in (_package, os.path.dirname(_package)):  # ours, or python -m tinygpt.X
-    for _signum in stop_signals():
-        if signal.getsignal(_signum) in (signal.default_int_handler, signal.SIG_DFL):  # not one started ignored
-            signal.signal(_signum, interrupted)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -55,13 +37,11 @@ def raise_interrupted(signum, frame):
 
 
 def cli(main):
-    """Wraps main(argv) -> exit code: a UserError is one line and exit 2, a stop signal one line and 128 + it, and
-    a closed stdout or stderr stops the printing, not the work (Guarded). A script ignores a signal after main()."""
+    """Wraps main(argv) -> exit code. While it runs, a UserError is one line and exit 2, a stop signal one line and
+    128 + its number, and a closed stdout or stderr stops the printing, not the work (Guarded)."""
 
     def wrapper(argv=None):
-        ours = [s for s in stop_signals() if signal.getsignal(s) is interrupted]  # a script's: set at its import
-        for s in ours:
-            signal.signal(s, raise_interrupted)
+        previous = {s: signal.signal(s, raise_interrupted) for s in stop_signals()}
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = map(Guarded, saved)
         try:
@@ -77,24 +57,13 @@ def cli(main):
             print("interrupted" if signum == signal.SIGINT else f"stopped by {signal_name(signum)}", file=sys.stderr)
             return 128 + signum
         finally:
-            for s in ours:
-                signal.signal(s, signal.SIG_IGN)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
             sys.stdout.flush()  # while still guarded: the pipe may be gone
             sys.stderr.flush()
             sys.stdout, sys.stderr = saved
 
     return wrapper
-
-
-def exit(code):
-    """Ends the script with `code` once its output is out, skipping Python's clean-up (0.5-0.9 s freeing torch, an
-    abort under torchrun: docs/results.md), unless a tracer or profiler that reports at the exit runs (coverage)."""
-    if "RANK" not in os.environ and (sys.gettrace() or sys.getprofile()):
-        sys.exit(code)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed stdout: nothing more to say
-            stream.flush()
-    os._exit(code)
 
 
 class Stopped(BaseException):
@@ -103,7 +72,8 @@ class Stopped(BaseException):
 
 class Stop:
     """While active, a stop signal asks the run to stop and a second ends it. Before the loop (no `model`) one ends
-    it as Ctrl-C does. In the loop it sets `signum`: the step ends, saves, exits so; an evaluation gets Stopped."""
+    it as Ctrl-C does. In the loop it sets `signum`: the step ends, saves, exits so; an evaluation gets Stopped (under
+    torchrun it ends first, as on every process: they decide together after it)."""
 
     def __enter__(self):
         self.signum, self.model = None, None
@@ -113,7 +83,7 @@ class Stop:
     def handle(self, signum, frame):
         if self.model is not None and self.signum is None:
             self.signum = signum
-            if not self.model.training:
+            if not self.model.training and "WORLD_SIZE" not in os.environ:
                 raise Stopped
             return
         if os.environ.get("RANK", "0") == "0":  # under torchrun every process gets it: one line
@@ -227,18 +197,6 @@ def process_age():
         return max(0.0, seconds_up - started_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return time.time() - _IMPORTED
-
-
-def cache_dir():
-    """This user's cache directory for the project: what a run remembers of this machine between runs."""
-    home = os.path.expanduser("~")
-    if WINDOWS:
-        base = os.environ.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
-    elif sys.platform == "darwin":
-        base = os.path.join(home, "Library", "Caches")
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
-    return os.path.join(base, "tinygpt")
 
 
 def sync_directory(path):

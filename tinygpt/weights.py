@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from config import UserError
+from config import AUTO, UserError
 from model import GPT, GPTConfig
 from tinygpt import export, gpt2
 from tinygpt.files import checkpoint_path, load_checkpoint
@@ -52,45 +52,37 @@ def model_from_checkpoint(path, device):
 # --- Resuming -------------------------------------------------------------------------------------------
 
 
-def restore(ckpt, cfg, model, optimizer, scaler, meta):
-    """model, optimizer and scaler as ckpt saved them (not yet compiled or wrapped), once it is checked that this
-    run (cfg, with the tokenizer of meta) has the checkpoint's model and tokenizer, and steps left: returns the run's
-    (iteration, best val loss, evaluations without a better one, the iteration evaluated or None, its W&B run)."""
-    path = checkpoint_path(cfg.out_dir, "ckpt.pt")
-    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab", "encoding")):  # first: it sizes the model
+def restore(ckpt, run):
+    """run (a train.Run, not yet compiled or wrapped) as ckpt saved it: the model, optimizer and scaler, and where
+    its loop was; once it is checked that the run has ckpt's tokenizer, model and clock, and steps and time left."""
+    path, cfg = checkpoint_path(run.cfg.out_dir, "ckpt.pt"), run.cfg
+    if ckpt.get("format", 0) < 2:
+        raise UserError(f"{path} was written by an older train.py and cannot be resumed; fine-tune from it "
+                        f"(--init_from={path} and another --out_dir), or start a new run (--overwrite=true)")
+    if any(ckpt["meta"].get(k) != run.meta.get(k) for k in ("tokenizer", "vocab", "encoding")):  # first: it sizes
         raise UserError(f"cannot resume {path}: the data set changed, {cfg.data_dir}'s tokenizer is not the one it "
                         "trained on; prepare the text it trained on again, or start a new run (--overwrite=true)")
-    then = {f.name: f.default for f in dataclasses.fields(model.config)} | ckpt["model_config"]  # older: the defaults
-    diff = [f"--{k}={v} (it has {then.get(k)})" for k, v in dataclasses.asdict(model.config).items()
+    then = {f.name: f.default for f in dataclasses.fields(run.raw_model.config)} | ckpt["model_config"]
+    diff = [f"--{k}={v} (it has {then.get(k)})" for k, v in dataclasses.asdict(run.raw_model.config).items()
             if then.get(k) != v]
     if diff:
         raise UserError(f"cannot resume {path} as {', '.join(diff)}: a resumed run keeps its model; drop those "
                         "options, or start a new run (--overwrite=true, or another --out_dir)")
+    if cfg.max_time != ckpt["train_config"]["max_time"]:
+        raise UserError(f"--max_time={cfg.max_time} on a resumed run: it goes on with the clock it started with "
+                        f"({ckpt['train_config']['max_time']}); drop --max_time")
     if ckpt["iter"] >= cfg.max_iters:
         raise UserError(f"{path} is at iteration {ckpt['iter']} and --max_iters is {cfg.max_iters}: nothing is left "
                         f"to train; to go on, give more, e.g. --max_iters={max(2 * ckpt['iter'], 100)}")
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    if ckpt["spent"] >= ckpt["seconds"]:
+        raise UserError(f"{path} has spent its --max_time={cfg.max_time}: nothing is left to train; to go on, "
+                        f"fine-tune from it: --init_from={path} and another --out_dir")
+    run.raw_model.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
     if ckpt["scaler"]:  # empty where the run trained without fp16's scaling; a resume in fp16 starts it afresh
-        scaler.load_state_dict(ckpt["scaler"])
-    evaluated = ckpt["iter"] if ckpt["val_loss"] is not None else None  # None: saved on a signal, not evaluated
-    return ckpt["iter"], ckpt["best_val_loss"], ckpt.get("bad_evals", 0), evaluated, ckpt.get("wandb_run_id")
-
-
-def resumed_config(ckpt, cfg, sources, device_type):
-    """The settings the run started with, from its checkpoint, with what the command line (not a preset)
-    sets now laid over them: a resumed run keeps the choices made at its start (the model sized for the
-    data, the steps its time budget bought); except, on another kind of device, its dtype and compiling."""
-    if sources.get("max_time") == "command line":
-        raise UserError(f"--max_time={cfg.max_time} on a resumed run: it goes on with the steps its start planned; "
-                        "drop --max_time, or give --max_iters")
-    known = {f.name for f in dataclasses.fields(cfg)}
-    start = type(cfg)(**{k: v for k, v in ckpt["train_config"].items() if k in known})
-    now = {k: getattr(cfg, k) for k, where in sources.items() if where == "command line"}
-    now |= {"out_dir": cfg.out_dir, "init_from": "resume"}
-    if ckpt.get("device_type", device_type) != device_type:
-        now |= {k: v for k, v in (("dtype", "auto"), ("compile", False)) if k not in sources}
-    return dataclasses.replace(start, **now)
+        run.scaler.load_state_dict(ckpt["scaler"])
+    run.it, run.best_val, run.bad_evals, run.next_eval, run.spent, run.seconds, run.wandb_id = (
+        ckpt[k] for k in ("iter", "best_val_loss", "bad_evals", "next_eval", "spent", "seconds", "wandb_run_id"))
 
 
 # --- Fine-tuning --------------------------------------------------------------------------------------
@@ -125,10 +117,10 @@ def load_weights(init_from, out_dir):
     return Weights(str(path), ckpt["model_config"], ckpt["model"], ckpt["meta"])
 
 
-def finetune_settings(source, cfg, meta, sources):
-    """cfg (a train.TrainConfig) with the model's shape set to the weights': the data of meta (meta.json),
-    block_size, dropout and the training are cfg's. A UserError if the weights and the data cannot go together, or
-    if a shape key that a preset or the command line set (sources) contradicts them."""
+def finetune_settings(source, cfg, meta):
+    """cfg (a train.TrainConfig) with the model's shape set to the weights': the data of meta (meta.json), block_size,
+    dropout and the training are cfg's. A UserError if the weights and the data cannot go together, or if cfg sets
+    n_layer, n_head, n_embd or pos (auto by default) to another value than the weights have."""
     theirs = source.meta
     if (theirs.get("tokenizer"), theirs.get("encoding")) != (meta.get("tokenizer"), meta.get("encoding")):
         flag = "char" if theirs.get("tokenizer") == "char" else theirs.get("encoding")
@@ -139,13 +131,12 @@ def finetune_settings(source, cfg, meta, sources):
                         f"{meta.get('vocab_size')}: another tiktoken prepared them; prepare the data again")
     shape = {f.name: source.model_config.get(f.name, f.default) for f in dataclasses.fields(GPTConfig)
              if f.name not in RUN_KEYS}
-    for key, weights in shape.items():
-        if key in sources and getattr(cfg, key) != weights:
-            raise UserError(f"--{key}={getattr(cfg, key)} (from a preset or the command line) contradicts "
-                            f"{source.name}, whose {key} is {weights}: the weights fix the model's shape; drop it or "
-                            f"pass --{key}={weights}")
+    for key in ("n_layer", "n_head", "n_embd", "pos"):  # TrainConfig's auto, here the weights'
+        if getattr(cfg, key) not in (AUTO, weights := shape[key]):
+            raise UserError(f"--{key}={getattr(cfg, key)} contradicts {source.name}, whose {key} is {weights}: the "
+                            f"weights fix the model's shape; drop it or pass --{key}={weights}")
     learned = source.model_config.get("block_size")
-    if shape["pos"] == "learned" and cfg.block_size > learned:
+    if shape["pos"] == "learned" and cfg.block_size != AUTO and cfg.block_size > learned:
         raise UserError(f"--block_size={cfg.block_size} is longer than {source.name}'s {learned}: its position "
                         f"embeddings stop there; pass --block_size={learned} or less")
     return dataclasses.replace(cfg, **shape)
