@@ -1,18 +1,17 @@
 """Trains a GPT on data written by prepare.py.
 
-    python train.py --data_dir=data/notes_char               # what is auto: chosen for the text and 5 minutes
+    python train.py --data_dir=data/notes_char        # what is auto: chosen for the text and 5 minutes
     python train.py config/shakespeare_char_cpu.toml --max_iters=500
-    python train.py config/finetune_shakespeare_gpt2.toml   # fine-tuning: --init_from (tinygpt/weights.py)
+    python train.py config/finetune_shakespeare_gpt2.toml   # fine-tuning (tinygpt/weights.py)
     torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_char.toml
 
-Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt (the lowest val loss) and
-OUT_DIR/log.jsonl. Read it from main(): the settings, the start (scratch, resume or fine-tune), the loop.
+Writes OUT_DIR/ckpt.pt (the latest state, to resume from), OUT_DIR/best.pt (the lowest val loss)
+and OUT_DIR/log.jsonl. Read it from main(): the settings, the start, the loop.
 """
 
 import contextlib
 import dataclasses
 import math
-import shlex
 import time
 from pathlib import Path
 
@@ -24,9 +23,11 @@ from config import AUTO, UserError, load_config, option
 from model import GELUS, GPT, MIXERS, POSITIONS, SCORES, GPTConfig
 from tinygpt import budget, dataset, device, files, optim, system, weights
 
-# How often the processes under torchrun agree on the clock and on whether to stop: after each step cost 3-7% of a
-# CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py). A process alone agrees with itself each step.
+# How often the processes under torchrun agree on the clock and on whether to stop: after each step
+# cost 3-7% of a CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py). A process
+# alone agrees with itself after every step.
 AGREE_EVERY = 10
+DTYPES = ("float32", "bfloat16", "float16")  # tinygpt/device.py's
 
 
 @dataclasses.dataclass
@@ -34,13 +35,12 @@ class TrainConfig:
     # data and output
     data_dir: str = option("data/shakespeare_char", "what prepare.py wrote")
     out_dir: str = option("", "checkpoints and log (empty: out/NAME for data/NAME)")
-    init_from: str = option("scratch", "scratch; resume (out_dir's run, with its settings); a checkpoint or gpt2[-xl] "
-                            "to fine-tune")
-    overwrite: bool = option(False, "replace the checkpoint in out_dir")
-    # model (GPTConfig in model.py); auto: chosen for the data and the time (tinygpt/budget.py)
-    n_layer: int = option(AUTO, "transformer blocks", low=0)
+    init_from: str = option("scratch", "scratch, resume (out_dir's run), or weights to fine-tune")
+    overwrite: bool = option(False, "replace the run in out_dir")
+    # the model (model.py); auto: chosen for the data and the time (tinygpt/budget.py)
+    n_layer: int = option(AUTO, "blocks", low=0)
     n_head: int = option(AUTO, "attention heads", low=1)
-    n_embd: int = option(AUTO, "residual stream width", low=1)
+    n_embd: int = option(AUTO, "width of the residual stream", low=1)
     block_size: int = option(AUTO, "context length", low=1)
     dropout: float = option(AUTO, "dropout probability", low=0, below=1)
     bias: bool = option(False, "biases in Linear and LayerNorm")
@@ -54,48 +54,48 @@ class TrainConfig:
     gelu: str = option("exact", "GELU (tanh: GPT-2's)", choices=GELUS)
     score: str = option("dot", "how a query scores a key", choices=SCORES)
     window: int = option(0, "keys each query sees (0: all)", low=0)
-    # optimization; the schedule runs on progress: steps of max_iters, or seconds of max_time
+    # optimization: the schedule runs on progress, steps of max_iters or seconds of max_time
     batch_size: int = option(AUTO, "sequences per micro-batch", low=1)
     grad_accum: int = option(1, "micro-batches per step", low=1)
-    max_iters: int = option(AUTO, "optimizer steps (auto: as many as max_time allows)", low=0)
-    max_time: str = option(AUTO, "the run's time, start-up included: 90s, 5m, 2h or none (auto: 5m where "
-                           "anything is auto)")
+    max_iters: int = option(AUTO, "optimizer steps (auto: what max_time allows)", low=0)
+    max_time: str = option(AUTO, "90s, 5m, 2h, none (auto: 5m where anything is auto)")
+    optimizer: str = option(AUTO, "muon: Muon for block matrices", choices=("adamw", "muon"))
     learning_rate: float = option(1.5e-3, "peak learning rate", above=0)
     min_lr: float = option(0.0, "learning rate at the end", low=0)
-    warmup: float = option(0.03, "share of the run the learning rate warms up over", low=0, below=1)
+    warmup: float = option(0.03, "share of the run warming up", low=0, below=1)
     weight_decay: float = option(0.1, "AdamW's weight decay", low=0)
     beta1: float = option(0.9, "AdamW's beta1", low=0, below=1)
     beta2: float = option(0.99, "AdamW's beta2", low=0, below=1)
     grad_clip: float = option(1.0, "gradient norm clip (0: none)", low=0)
-    optimizer: str = option(AUTO, "adamw, or muon: Muon for block matrices", choices=("adamw", "muon"))
     muon_lr: float = option(0.015, "Muon's peak learning rate", above=0)
     muon_momentum: float = option(0.9, "Muon's momentum", low=0, below=1)
     muon_ns_steps: int = option(5, "Muon's Newton-Schulz steps", low=1)
-    muon_weight_decay: float = option(AUTO, "Muon's weight decay (auto: 0.1 without dropout)", low=0)
+    muon_weight_decay: float = option(AUTO, "Muon's (auto: 0.1 without dropout)", low=0)
     # evaluation and logging
-    patience: int = option(5, "evaluations with no better val loss, then stop (0: never)", low=0)
-    eval_interval: int = option(250, "steps between evaluations (a timed run: each tenth of its time)", low=1)
+    patience: int = option(5, "evaluations not better, then stop (0: never)", low=0)
+    eval_interval: int = option(250, "steps between evaluations (timed: tenths)", low=1)
     eval_iters: int = option(AUTO, "batches per loss estimate (0: all of val)", low=0)
     log_interval: int = option(10, "steps between log records", low=1)
-    log_to: str = option("", "trackers that get the log records too: tensorboard, wandb, or tensorboard,wandb")
+    log_to: str = option("", "trackers that get them too: tensorboard, wandb")
     wandb_project: str = option("tinygpt", "W&B project (--log_to=wandb)")
     wandb_run_name: str = option("", "W&B run name (empty: out_dir's name)")
     # system
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
-    dtype: str = option("auto", "auto: bf16 where fast, else fp16 on GPUs, fp32", choices=(AUTO, "float32", "bfloat16", "float16"))
-    compile: bool = option(AUTO, "torch.compile the model (auto: a timed run on a GPU that repays it)")
+    dtype: str = option(AUTO, "bf16 where fast, else fp16 on GPUs, fp32", choices=(AUTO, *DTYPES))
+    compile: bool = option(False, "torch.compile the model")
     seed: int = option(1337, "random seed", low=0, high=2**63 - 1)
-    dry_run: bool = option(False, "say the run it would train, then stop: nothing trained or written")
+    dry_run: bool = option(False, "say the run, then stop: nothing trained or written")
 
 
 @system.cli
 def main(argv):
     cfg = load_config(TrainConfig, argv, "train.py", __doc__)
-    cfg, ckpt = dataclasses.replace(cfg, out_dir=cfg.out_dir or str(Path("out", Path(cfg.data_dir).name))), None
-    if cfg.init_from == "resume":  # the settings the run trained with, over the presets, under the command line
-        ckpt = files.load_checkpoint(saved(cfg), choosing=False)
-        cfg = dataclasses.replace(load_config(TrainConfig, argv, base=ckpt["train_config"]), out_dir=cfg.out_dir)
-    cfg = dataclasses.replace(cfg, log_to=cfg.log_to and files.check_trackers(cfg.log_to))  # before any write
+    cfg = dataclasses.replace(cfg, out_dir=cfg.out_dir or f"out/{Path(cfg.data_dir).name}")
+    ckpt = files.load_checkpoint(saved(cfg), choosing=False) if cfg.init_from == "resume" else None
+    if ckpt is not None:  # the run's own settings, over the presets, under the command line
+        base = ckpt["train_config"] | {"out_dir": cfg.out_dir}
+        cfg = load_config(TrainConfig, argv, base=base)
+    cfg = dataclasses.replace(cfg, log_to=cfg.log_to and files.check_trackers(cfg.log_to))
     procs = device.start_processes(cfg.device)
     if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
         import prepare  # only here: what a fresh clone lacks
@@ -103,9 +103,9 @@ def main(argv):
         prepare.make_default(cfg.data_dir, procs.world)
     lock, status = files.RunLock(cfg.out_dir), None
     try:
-        with system.Stop() as stop:  # Ctrl-C, SIGTERM, SIGHUP: the step ends, saves, and the run exits
+        with system.Stop() as stop:  # Ctrl-C, SIGTERM, SIGHUP: the step ends, saves, exits
             run = set_up(cfg, procs, lock, ckpt)
-            status = preview(run) if cfg.dry_run else train(run, stop, argv)
+            status = 0 if cfg.dry_run else train(run, stop)
         return status
     except UserError:
         status = 2  # met by every process together (Processes.fail_together)
@@ -115,69 +115,78 @@ def main(argv):
         device.end_processes(finished=status is not None)
 
 
-# --- Setting up ------------------------------------------------------------------------------------
+# --- Setting up ------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
-class Run:
-    """What the loop reads and changes. raw_model: what a checkpoint saves; model: what a step runs, compiled and
-    under DDP where asked; scaler: fp16's loss scaling; it: steps taken; bad_evals: evaluations in a row without a
-    new best; next_eval: the progress of the next evaluation; spent, seconds: a timed run's clock, of its time."""
-
+class Run:  # what the loop reads and changes
     cfg: TrainConfig
     procs: device.Processes
-    meta: dict
-    splits: dict
-    raw_model: GPT
+    meta: dict  # the tokenizer
+    splits: dict  # the train and val tokens
+    raw_model: GPT  # what a checkpoint saves
     optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    model: torch.nn.Module
+    scaler: torch.amp.GradScaler  # fp16's loss scaling
+    model: torch.nn.Module  # what a step runs: raw_model, compiled and under DDP where asked
     autocast: object
-    it: int = 0
+    it: int = 0  # steps taken
     best_val: float = math.inf
-    bad_evals: int = 0
-    next_eval: float = 0.0
-    spent: float = 0.0
-    seconds: float | None = None  # inf: a run of steps; None: a timed one not started
-    trackers: "files.Trackers | None" = None  # where the records go too (--log_to), on rank 0, in the loop
+    bad_evals: int = 0  # evaluations in a row without a new best
+    next_eval: float = 0.0  # the progress of the next evaluation
+    spent: float = 0.0  # a timed run's clock: its seconds spent of its seconds (inf: not timed)
+    seconds: float = math.inf
+    trackers: "files.Trackers | None" = None  # where the records go too, on rank 0, in the loop
     wandb_id: str | None = None  # the W&B run it logs to, kept with its checkpoints
 
 
 def set_up(cfg, procs, lock, ckpt):
-    """The run at its first step: out_dir locked, the start taken (scratch, resume from ckpt, or fine-tune), what
-    is auto chosen, the model built with its optimizer."""
+    """The run at its first step: out_dir locked, the start taken (scratch, resume from ckpt, or
+    fine-tune), what is auto chosen, the model built with its optimizer."""
     with procs.fail_together():  # a mistake one process meets (rank 0 alone writes) ends them all
         if procs.master and not cfg.dry_run:
             lock.acquire()  # a run that fails to start changes nothing
         meta, splits = data = dataset.load_data(cfg.data_dir)
         pretrained = None
         if ckpt is None and saved(cfg).exists() and not cfg.overwrite:
-            raise UserError(f"{saved(cfg)} exists; continue it with --init_from=resume, start over with "
-                            "--overwrite=true, or pick another --out_dir")
-        if cfg.init_from not in ("scratch", "resume"):  # fine-tuning: the model's shape is the weights'
+            raise UserError(f"{saved(cfg)} exists; continue it with --init_from=resume, start "
+                            "over with --overwrite=true, or pick another --out_dir")
+        if cfg.init_from not in ("scratch", "resume"):  # fine-tuning: the shape is the weights'
             pretrained = weights.load_weights(cfg.init_from, cfg.out_dir)
             cfg = weights.finetune_settings(pretrained, cfg, meta)
-        cfg = dataclasses.replace(cfg, dtype=device.NAMES[device.pick_dtype(cfg.dtype, procs.device_type, True)])
-    sizes, age = (len(splits["train"]), len(splits["val"]), meta["vocab_size"]), system.process_age()
-    cfg, chosen = budget.fill_auto(cfg, sizes, procs.device_type, lambda c: measure(c, data, procs),
-                                   procs.broadcast((age,))[0])
+        dtype = device.pick_dtype(cfg.dtype, procs.device_type, training=True)
+        cfg = dataclasses.replace(cfg, dtype=device.NAMES[dtype])
+    if AUTO in (getattr(cfg, k) for k in budget.CHOSEN):  # chosen for the data and the time
+        sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
+        age = procs.broadcast((system.process_age(),))[0]  # rank 0's: all choose alike
+        cfg, chosen = budget.fill_auto(cfg, sizes, lambda c: measure(c, data, procs), age)
+        procs.say(chosen)
+    seconds = cfg.max_time != AUTO and budget.parse_duration(cfg.max_time)  # a preset's auto: none
+    if seconds and ckpt is None:  # a new timed run has what is left of its time, by rank 0's clock
+        seconds = budget.USABLE * seconds - procs.broadcast((system.process_age(),))[0]
+        if seconds <= 0:
+            raise UserError(f"max_time {cfg.max_time} is spent before the run starts ({-seconds:.1f} s "
+                            "over); give more time")
     with procs.fail_together():
         run = build(cfg, data, procs, pretrained)
+        run.seconds = seconds or math.inf
         if ckpt is not None:  # resumed: where it stopped
             weights.restore(ckpt, run)
             procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
         if procs.master and not cfg.dry_run:
             files.start_log(cfg.out_dir, run.it)  # the first write
-    run.model = procs.wrap(device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else run.raw_model)
-    procs.say(f"{chosen}\n" * bool(chosen) + f"{run.raw_model.num_params():,} params, {tokens_per_step(run):,} "
-              f"tokens/step: batch {cfg.batch_size} x grad_accum {cfg.grad_accum} x {procs.world} process(es) x "
-              f"{cfg.block_size}; {procs.device} {cfg.dtype}")
+    compiled = device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else None
+    run.model = procs.wrap(compiled or run.raw_model)
+    procs.say(f"{run.raw_model.num_params():,} params, {tokens_per_step(run):,} tokens/step "
+              f"({cfg.batch_size} x {cfg.block_size} a micro-batch); {procs.device} {cfg.dtype}")
+    if cfg.dry_run:
+        procs.say(f"to train it: {budget.repeat_command(cfg)}\ndry run: nothing trained or written")
     return run
 
 
 def build(cfg, data, procs, pretrained=None):
-    """A new Run of cfg on procs.device, once the data holds more than a block, the switches go together
-    and training fits in memory: the model (seeded, or holding the weights to fine-tune), its optimizer."""
+    """A new Run of cfg on procs.device, once the data holds more than a block, the switches go
+    together and training fits in memory: the model (seeded, or holding the weights to fine-tune),
+    its optimizer."""
     meta, splits = data
     dataset.check_block_size(splits, cfg.block_size, cfg.data_dir)
     mconf, dtype = model_config(cfg, meta["vocab_size"]), device.DTYPES[cfg.dtype]
@@ -186,9 +195,10 @@ def build(cfg, data, procs, pretrained=None):
     model = GPT(mconf).to(procs.device)
     if pretrained is not None:
         procs.say(weights.load_into(model, pretrained, meta))
-    return Run(cfg, procs, meta, splits, model, make_optimizer(model, cfg, procs.device_type),
-               torch.amp.GradScaler(procs.device_type, enabled=dtype == torch.float16), model,
-               device.autocast(procs.device_type, dtype))
+    optimizer = make_optimizer(model, cfg, procs.device_type)
+    scaler = torch.amp.GradScaler(procs.device_type, enabled=dtype == torch.float16)
+    autocast = device.autocast(procs.device_type, dtype)
+    return Run(cfg, procs, meta, splits, model, optimizer, scaler, model, autocast)
 
 
 def model_config(cfg, vocab_size):
@@ -201,15 +211,15 @@ def model_config(cfg, vocab_size):
 
 
 def measure(cfg, data, procs):
-    """(seconds per step, per forward pass of a batch, seconds it took) of a new model of cfg here, rank 0's on every
-    process: a few real steps, timed, for the sizing to choose by."""
+    """(seconds per step, per forward pass of a batch, seconds it took) of a new model of cfg here,
+    rank 0's on every process: a few real steps, timed, for the sizing to choose by."""
     started, run = time.perf_counter(), build(cfg, data, procs)
     batches = train_batches(run.splits["train"], cfg, procs.rank, 0, procs.device)
     x, y = next(batches)
     step = lambda: train_step(run.model, run.optimizer, run.scaler, run.autocast, cfg, x, y, batches)  # noqa: E731
     step_s = budget.time_per_call(step, min_seconds=0.5)
     with torch.no_grad(), eval_autocast(run):
-        forward_s = budget.time_per_call(lambda: run.model.eval()(x, y)[1].item(), min_seconds=0.1, warmup=1)
+        forward_s = budget.time_per_call(lambda: run.model.eval()(x, y)[1].item(), 0.1, warmup=1)
     return procs.broadcast((step_s, forward_s, time.perf_counter() - started))
 
 
@@ -227,35 +237,27 @@ def eval_autocast(run):
     return contextlib.nullcontext() if run.procs.device_type == "cpu" else run.autocast
 
 
-def preview(run):
-    """A dry run's last words: how to train the run it chose."""
-    run.procs.say(f"to train it: {budget.repeat_command(run.cfg)}\ndry run: nothing trained, nothing written")
-    return 0
+# --- The loop --------------------------------------------------------------------------------
 
 
-# --- The loop ------------------------------------------------------------------------------------
-
-
-def train(run, stop, argv):
-    """The loop: the learning rate; an evaluation and checkpoint when due; forward and backward over the
-    micro-batches; clip; step; log. Returns the exit code."""
+def train(run, stop):
+    """The loop: the learning rate; an evaluation and checkpoint when due; forward and backward
+    over the micro-batches; clip; step; log. Returns the exit code."""
     cfg, procs = run.cfg, run.procs
-    if run.seconds is None:  # a new run; a timed one has what is left of its time, on rank 0's clock
-        seconds, age = budget.parse_duration(cfg.max_time), procs.broadcast((system.process_age(),))[0]
-        run.seconds = math.inf if seconds is None else budget.USABLE * seconds - age
     batches = train_batches(run.splits["train"], cfg, procs.rank, run.it, procs.device)
     x, y = next(batches)
-    signum, bad, stop.model, clock = 0, None, run.raw_model, system.process_age() - run.spent  # the clock's zero
+    signum, bad, stop.model = 0, None, run.raw_model
+    clock = system.process_age() - run.spent  # the clock's zero: a resumed run goes on from its own
     with files.open_trackers(run) as run.trackers, \
             tqdm(total=cfg.max_iters, initial=run.it, disable=not procs.master or None) as bar:
         while True:
-            progress = min(1.0, max(run.it / max(1, cfg.max_iters), run.spent / max(run.seconds, 1e-9)))
+            progress = min(1.0, max(run.it / max(1, cfg.max_iters), run.spent / run.seconds))
             lr = get_lr(progress, cfg)
             for group in run.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's: muon_lr's
             evaluating = progress >= run.next_eval
             if evaluating:
-                with procs.fail_together():  # a full disk under rank 0's checkpoint ends every process
+                with procs.fail_together():  # a full disk under rank 0's checkpoint ends them all
                     evaluate(run, lr, progress, bar.write)
             if procs.world == 1 or evaluating or run.it % AGREE_EVERY == 0:
                 signum = agree(run, stop, bad, system.process_age() - clock)
@@ -264,16 +266,18 @@ def train(run, stop, argv):
             t0 = time.perf_counter()
             if cfg.dropout > 0:  # this step's dropout masks
                 torch.manual_seed(step_seed(cfg.seed, procs.rank, run.it))
-            loss, x, y = train_step(run.model, run.optimizer, run.scaler, run.autocast, cfg, x, y, batches)
+            loss, x, y = train_step(run.model, run.optimizer, run.scaler, run.autocast, cfg, x, y,
+                                    batches)
             step_ms, run.it = (time.perf_counter() - t0) * 1000, run.it + 1
-            bad = bad if bad is not None or math.isfinite(loss) else f"{loss} at iteration {run.it}"
+            if bad is None and not math.isfinite(loss):
+                bad = f"{loss} at iteration {run.it}"
             log_step(run, loss, lr, step_ms, bar)
-    return finish(run, signum, argv)
+    return finish(run, signum)
 
 
 def get_lr(progress, cfg):
-    """At progress in [0, 1] (steps, or seconds, done of the run's): a linear warmup over its first `warmup`
-    share, then a cosine decay to min_lr at its end."""
+    """At progress in [0, 1] (steps, or seconds, done of the run's): a linear warmup over its
+    first `warmup` share, then a cosine decay to min_lr at its end."""
     if progress < cfg.warmup:
         return cfg.learning_rate * progress / cfg.warmup
     decay = (progress - cfg.warmup) / (1 - cfg.warmup)
@@ -281,46 +285,55 @@ def get_lr(progress, cfg):
 
 
 def agree(run, stop, bad, spent):
-    """What every process decides together: the clock is rank 0's (spent: this one's), and a signal to any process
-    or a loss gone non-finite on any stops them all. Returns the signal's number, or 0."""
+    """What every process decides together: the clock is rank 0's (spent: this one's), and a signal
+    to any process or a loss gone non-finite on any stops them all. Returns the signal, or 0."""
     mine = (spent if run.procs.master else 0.0, stop.signum or 0, bad is not None)
     run.spent, signum, failed = run.procs.all_max(mine)
     if failed:
-        raise UserError(f"loss is {bad or 'not finite on another process'}; the last good checkpoint is kept in "
-                        f"{run.cfg.out_dir}. Try a lower --learning_rate, or bfloat16 instead of float16")
+        raise UserError(f"loss is {bad or 'not finite on another process'}; the last good "
+                        f"checkpoint is kept in {run.cfg.out_dir}. Try a lower --learning_rate, "
+                        "or bfloat16 instead of float16")
     return int(signum)
 
 
 def evaluate(run, lr, progress, write):
-    """Estimates the losses (the same batches each time: a change is the model's) on every process, which all
-    decide alike; rank 0 logs them and saves ckpt.pt, and best.pt when val improved. A stop signal ends it between
-    two batches, with nothing saved; weights whose val loss is not finite are not saved either."""
+    """Estimates the losses (the same batches each time: a change is the model's) on every process,
+    which all decide alike; rank 0 logs them and saves ckpt.pt, and best.pt when val improved. A
+    stop signal ends it between two batches, and weights whose loss is not finite, unsaved."""
     model = getattr(run.model, "module", run.model)  # never under DDP
     try:
         losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, eval_autocast(run))
     except system.Stopped:
         return model.train()
-    every = run.cfg.eval_interval
-    run.next_eval = (math.floor(progress * budget.EVALS) + 1) / budget.EVALS if run.seconds < math.inf else \
-        min(run.cfg.max_iters, (run.it // every + 1) * every) / max(1, run.cfg.max_iters)
-    if not math.isfinite(losses["val"]):
+    run.next_eval = next_evaluation(run, progress)
+    val = losses["val"]
+    if not math.isfinite(val):
         return
-    improved = losses["val"] < run.best_val
-    run.best_val, run.bad_evals = min(run.best_val, losses["val"]), 0 if improved else run.bad_evals + 1
+    improved = val < run.best_val
+    run.best_val, run.bad_evals = min(run.best_val, val), 0 if improved else run.bad_evals + 1
     if run.procs.master:
-        record = {"iter": run.it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
-                  "val_bpc": losses["val"] / math.log(2)}
+        record = {"iter": run.it, "train_loss": losses["train"], "val_loss": val, "lr": lr,
+                  "val_bpc": val / math.log(2)}
         if run.procs.device_type == "cuda":
             record["peak_memory"] = torch.cuda.max_memory_allocated()
         files.append_record(run.cfg.out_dir, record, run.trackers)
-        save_checkpoint(run, losses["val"], "ckpt.pt", "best.pt" if improved else None)
-        write(f"step {run.it}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-              f"({record['val_bpc']:.3f} bits/token){' *' if improved else ''}")
+        save_checkpoint(run, val, "ckpt.pt", "best.pt" if improved else None)
+        write(f"step {run.it}: train {losses['train']:.4f}, val {val:.4f} "
+              f"({record['val_bpc']:.3f} bits/token){' *' * improved}")
+
+
+def next_evaluation(run, progress):
+    """The progress of the evaluation after one at progress: at the next tenth of a timed run's
+    time, else after eval_interval more steps; the end, at the latest."""
+    if run.seconds < math.inf:
+        return (math.floor(progress * budget.EVALS) + 1) / budget.EVALS
+    every, steps = run.cfg.eval_interval, max(1, run.cfg.max_iters)
+    return min(steps, (run.it // every + 1) * every) / steps
 
 
 def train_step(model, optimizer, scaler, autocast, cfg, x, y, batches):
-    """One optimizer step over cfg.grad_accum micro-batches, the first (x, y), then from batches (an iterator);
-    returns the loss and the next batch."""
+    """One optimizer step over grad_accum micro-batches, the first (x, y), then from batches (an
+    iterator); returns the loss and the next batch."""
     for micro in range(cfg.grad_accum):
         # Under DDP, gradients are averaged across processes only on the last micro-step.
         last = micro == cfg.grad_accum - 1 or not hasattr(model, "no_sync")
@@ -346,32 +359,33 @@ def log_step(run, loss, lr, step_ms, bar):
     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
     if run.it % run.cfg.log_interval == 0:
         record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": step_ms, "tokens_per_s": tok_s}
-        if mfu := device.mfu(run.procs.device_type, run.raw_model.num_params(), run.cfg, tok_s / run.procs.world):
+        if mfu := device.mfu(run.procs.device_type, run.raw_model, run.cfg, tok_s / run.procs.world):
             record["mfu"] = mfu
         files.append_record(run.cfg.out_dir, record, run.trackers)
 
 
-def finish(run, signum, argv):
-    """The run's last words and its exit code: stopped by a signal (ckpt.pt saved, to continue from), stopped
-    early (no better val loss for --patience evaluations), or done; a timed run's command to train it again."""
+def finish(run, signum):
+    """The run's last words and its exit code: stopped by a signal (ckpt.pt saved, to continue
+    from), stopped early (no better val loss for --patience evaluations), or done; a timed run's
+    command to train it again, for its steps."""
     with run.procs.fail_together():
         if run.procs.master and signum:
             save_checkpoint(run, None, "ckpt.pt")
         if run.procs.master and not signum and run.seconds < math.inf:
-            run.procs.say(f"to train it again, for its steps: {budget.save_repeat_command(run.cfg, run.it)}")
+            run.procs.say(f"to train it again: {budget.save_repeat_command(run.cfg, run.it)}")
     if signum:
-        again = shlex.join(["python", "train.py", *argv, "--init_from=resume"])
-        run.procs.say(f"stopped by {system.signal_name(signum)} at iteration {run.it}; saved {saved(run.cfg)}; "
-                      f"continue with: {again}")
+        run.procs.say(f"stopped by {system.signal_name(signum)} at iteration {run.it}; saved "
+                      f"{saved(run.cfg)} (continue with --init_from=resume)")
         return 128 + signum
     if 0 < run.cfg.patience <= run.bad_evals:
-        run.procs.say(f"stopped early at iteration {run.it}: val loss has not improved for {run.bad_evals} "
-                      f"evaluations (--patience={run.cfg.patience}); the best model is in {saved(run.cfg, 'best.pt')}")
+        run.procs.say(f"stopped early at iteration {run.it}: val loss has not improved for "
+                      f"{run.bad_evals} evaluations (--patience={run.cfg.patience}); the best "
+                      f"model is in {saved(run.cfg, 'best.pt')}")
     run.procs.say(f"done: {run.it} iterations, best val {run.best_val:.4f}; in {run.cfg.out_dir}")
     return 0
 
 
-# --- A step's parts: batches, the loss estimate, the optimizer, the checkpoint -------------------------
+# --- A step's parts: batches, the loss estimate, the optimizer, the checkpoint -------------------
 
 
 def get_batch(data, batch_size, block_size, rng, device_name):
@@ -385,8 +399,8 @@ def get_batch(data, batch_size, block_size, rng, device_name):
 
 
 def train_batches(data, cfg, rank, it, device_name):
-    """One process's batches, grad_accum a step, from step it on, each step's from its own seed: a resumed
-    run, on any number of processes, draws what an uninterrupted one would."""
+    """One process's batches, grad_accum a step, from step it on, each step's from its own seed: a
+    resumed run, on any number of processes, draws what an uninterrupted one would."""
     while True:
         rng = np.random.default_rng(step_seed(cfg.seed, rank, it))
         for _ in range(cfg.grad_accum):
@@ -401,17 +415,18 @@ def step_seed(seed, rank, it):
 
 @torch.no_grad()
 def estimate_loss(model, splits, cfg, device_name, autocast):
-    """Mean loss per split: over eval_iters random batches, the same each time; or with eval_iters 0 over
-    every token of val (as python -m tinygpt.score scores a file), and as many of train."""
+    """Mean loss per split: over eval_iters random batches, the same each time; or with eval_iters 0
+    over every token of val (as python -m tinygpt.score scores a file), and as many of train."""
     model.eval()
     out = {}
     for name, data in splits.items():
         if cfg.eval_iters == 0:
-            out[name] = dataset.mean_loss(model, data[: len(splits["val"])], cfg.block_size, 4 * cfg.batch_size,
-                                          device_name, autocast)
+            out[name] = dataset.mean_loss(model, data[: len(splits["val"])], cfg.block_size,
+                                          4 * cfg.batch_size, device_name, autocast)
             continue
         rng = np.random.default_rng(cfg.seed)
-        batches = (get_batch(data, cfg.batch_size, cfg.block_size, rng, device_name) for _ in range(cfg.eval_iters))
+        batches = (get_batch(data, cfg.batch_size, cfg.block_size, rng, device_name)
+                   for _ in range(cfg.eval_iters))
         with autocast:
             out[name] = sum(model(x, y)[1].item() for x, y in batches) / cfg.eval_iters
     model.train()
@@ -419,34 +434,37 @@ def estimate_loss(model, splits, cfg, device_name, autocast):
 
 
 def make_optimizer(model, cfg, device_type):
-    """AdamW, or (muon) Muon for the matrices inside the blocks and AdamW for the rest. AdamW decays every
-    matrix (the embedding is the output head too) and no bias or gain, which set scales and offsets."""
+    """AdamW, or (muon) Muon for the matrices inside the blocks and AdamW for the rest. AdamW decays
+    every matrix (the embedding is the output head too) and no bias or gain, which set scales and
+    offsets."""
     named = list(model.named_parameters())
-    matrices = [p for n, p in named if cfg.optimizer == "muon" and n.startswith("blocks.") and p.dim() == 2]
-    rest = [p for _, p in named if all(p is not m for m in matrices)]
+    muon = [p for n, p in named if cfg.optimizer == "muon" and n.startswith("blocks.") and p.dim() == 2]
+    rest = [p for _, p in named if all(p is not m for m in muon)]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-    # The fused kernel updates every tensor in one pass: on a CPU a third of the time of the per-tensor loop.
-    adamw = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=device_type != "mps")
-    return optim.Optimizers(adamw, optim.muon(matrices, cfg)) if matrices else adamw
+    # The fused kernel updates every tensor in one pass: on a CPU a third of the per-tensor loop's time.
+    adamw = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                              fused=device_type != "mps")
+    return optim.Optimizers(adamw, optim.muon(muon, cfg)) if muon else adamw
 
 
 def save_checkpoint(run, val_loss, *names):
-    """What ckpt.pt holds after step run.it, in tensors and plain data (enough to resume exactly, or sample), saved
-    as each of names; val_loss: that step's evaluation, or None (saved on a signal). Each file is written whole or not
-    at all (files.write_atomic): a crash leaves the previous checkpoint or the new one."""
+    """What ckpt.pt holds after step run.it, in tensors and plain data (enough to resume exactly, or
+    sample), saved as each of names; val_loss: that step's evaluation, or None (saved on a signal).
+    Each file is written whole or not at all: a crash leaves the previous checkpoint or the new one."""
     state = {"format": files.CHECKPOINT_FORMAT, "model": run.raw_model.state_dict(),
-             "model_config": dataclasses.asdict(run.raw_model.config), "train_config": dataclasses.asdict(run.cfg),
-             "meta": run.meta, "iter": run.it, "best_val_loss": run.best_val, "val_loss": val_loss,
-             "bad_evals": run.bad_evals, "next_eval": run.next_eval, "spent": run.spent, "seconds": run.seconds,
+             "model_config": dataclasses.asdict(run.raw_model.config),
+             "train_config": dataclasses.asdict(run.cfg), "meta": run.meta, "val_loss": val_loss,
+             "iter": run.it, "best_val_loss": run.best_val, "bad_evals": run.bad_evals,
+             "next_eval": run.next_eval, "spent": run.spent, "seconds": run.seconds,
              "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict(),
              "wandb_run_id": getattr(run.trackers, "wandb_id", run.wandb_id)}
     for path in (saved(run.cfg, name) for name in names if name):
         try:
             files.write_atomic(path, lambda f: torch.save(state, f))
         except OSError as e:
-            then = ("the previous checkpoint is kept: free some space and continue with --init_from=resume"
-                    if path.exists() else "nothing was saved: free some space and run again")
+            then = ("the previous checkpoint is kept: free some space and continue with "
+                    "--init_from=resume" if path.exists() else "nothing was saved: free some space")
             raise UserError(f"{files.write_error(path, e)}; {then}") from None
 
 

@@ -148,7 +148,7 @@ def disk_full(cfg, work):
     try:
         out = mount / "out"
         run = [TINY, f"--data_dir={data}", f"--out_dir={out}", "--max_iters=30", "--eval_interval=10",
-               "--lr_decay_iters=30", "--log_interval=1"]
+               "--log_interval=1"]
         print("train to iteration 10:", script("train.py", *run, "--max_iters=10").communicate()[0].splitlines()[-1])
         before = hashlib.sha256((out / "ckpt.pt").read_bytes()).hexdigest()
         free = shutil.disk_usage(mount).free

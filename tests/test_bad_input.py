@@ -126,7 +126,7 @@ CASES = [
     # Every option's range, before anything is built or written
     *[(f"--{arg} out of range", "train", None, lambda ws, arg=arg: train_args(ws, f"--{arg}"), arg.split("=")[0])
       for arg in ("n_head=0", "batch_size=0", "eval_interval=0", "log_interval=0", "grad_accum=0", "dropout=1.5",
-                  "learning_rate=-1", "n_layer=-1", "max_iters=-5", "warmup_iters=-1", "beta2=1", "seed=-1",
+                  "learning_rate=-1", "n_layer=-1", "max_iters=-5", "warmup=-1", "beta2=1", "seed=-1",
                   "mixer=attention", "optimizer=sgd", "dtype=float8")],
     ("a device this machine does not have", "train", None, lambda ws: train_args(ws, "--device=cuda:99"), "cuda:99"),
     ("a model too large for this machine", "train", None, lambda ws: train_args(ws, "--n_layer=100000000"),

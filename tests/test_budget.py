@@ -17,7 +17,7 @@ import torch
 import sample
 import train
 from config import AUTO, UserError
-from tinygpt import budget, files, system
+from tinygpt import budget, files, optim, system
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -48,7 +48,9 @@ def test_less_data_gives_a_smaller_or_more_regularized_model():
         assert size(small) < size(runs[-1]) or small["dropout"] > runs[-1]["dropout"]
     assert runs[0]["dropout"] > 0 and runs[-1]["dropout"] == 0  # a small text is seen many times; a large once
     # Muon's decay where there is no dropout, and only there: one regularizer or the other.
-    decays = [budget.follow(train.TrainConfig(**run), (1, 1, 65))["muon_weight_decay"] for run in runs]
+    matrix = [torch.nn.Parameter(torch.zeros(4, 4))]
+    decays = [optim.muon(matrix, train.TrainConfig(dropout=run["dropout"])).param_groups[0]["weight_decay"]
+              for run in runs]  # muon_weight_decay's auto
     assert decays == [0.0 if run["dropout"] else 0.1 for run in runs]
 
 
@@ -233,7 +235,7 @@ def test_a_text_read_often_enough_for_dropout_gets_at_least_min_steps_and_others
 
 def test_a_batch_given_counts_in_the_most_steps_a_text_can_give():
     cfg = dataclasses.replace(train.TrainConfig(max_time="10h"), batch_size=4)
-    chosen, _ = budget.fill_auto(cfg, (20_000, 2_000, 65), "cpu", lambda c: (0.01, 0.001, 0.1), age=0.0)
+    chosen, _ = budget.fill_auto(cfg, (20_000, 2_000, 65), lambda c: (0.01, 0.001, 0.1), age=0.0)
     assert chosen.batch_size == 4
     assert chosen.max_iters == budget.most_steps(20_000, 4 * chosen.block_size)  # MAX_EPOCHS passes of batch 4
 
@@ -312,10 +314,11 @@ def test_no_preset_fills_what_is_auto_says_so_and_saves_the_values(data_dir, tmp
     out = capsys.readouterr().out
     assert "auto: " in out and "n_layer=" in out and "batch_size=" in out and "(sized for 4s on " in out
     saved = files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
-    assert [k for k, v in saved.items() if v == AUTO] == ["device"] and saved["max_time"] == "4s"
+    assert [k for k, v in saved.items() if v == AUTO] == ["muon_weight_decay", "device"]  # said where used
+    assert saved["max_time"] == "4s"
     assert saved["optimizer"] == "muon" and saved["pos"] == "rope"  # the rule's recipe
     assert len(clock.measured) >= 1 and [k for k, v in dataclasses.asdict(clock.measured[-1]).items() if v == AUTO] \
-        == ["device"]  # the model timed is a whole run
+        == ["muon_weight_decay", "device"]  # the model timed is a whole run
 
 
 def test_a_timed_run_ends_on_its_clock_with_its_learning_rate_decayed_and_evaluates_at_each_tenth(
@@ -357,7 +360,7 @@ def test_a_preset_is_never_sized_and_trains_its_steps(data_dir, tmp_path, clock,
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}"]) == 0
     assert clock.measured == [] and "auto: " not in capsys.readouterr().out
     saved = files.load_checkpoint(tmp_path / "ckpt.pt")
-    assert saved["iter"] == saved["train_config"]["max_iters"] == 20 and saved["train_config"]["max_time"] == "none"
+    assert saved["iter"] == saved["train_config"]["max_iters"] == 20 and saved["train_config"]["max_time"] == AUTO
 
 
 def test_a_preset_with_max_time_keeps_its_model_and_runs_on_the_clock(data_dir, tmp_path, clock):
@@ -411,7 +414,7 @@ def test_a_dry_run_says_what_it_filled_and_how_to_train_it_and_writes_nothing(da
     said = capsys.readouterr().out
     filled = said.split("auto: ")[1].split(" (sized for")[0]
     assert {item.split("=")[0] for item in filled.split(", ")} >= {*budget.SIZED, "max_iters", "eval_iters"}
-    assert "to train it: python train.py " in said and said.rstrip().endswith("nothing trained, nothing written")
+    assert "to train it: python train.py " in said and said.rstrip().endswith("nothing trained or written")
     assert not out_dir.exists()
 
 

@@ -19,7 +19,7 @@ from tinygpt import files
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
-RUN = ["--max_iters=30", "--eval_interval=5", "--lr_decay_iters=30", "--log_interval=1", "--dropout=0.1"]
+RUN = ["--max_iters=30", "--eval_interval=5", "--log_interval=1", "--dropout=0.1"]
 
 # Runs train.py, but SIGKILLs itself halfway through the Nth torch.save: the
 # checkpoint file being written is left truncated, as a power cut would leave it.
@@ -169,7 +169,7 @@ def test_two_signals_in_a_long_evaluation_end_the_run_within_seconds_with_one_li
 
 def test_non_finite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, capsys):
     args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=50", "--eval_interval=50"]
-    assert train.main(args + ["--learning_rate=1e30", "--warmup_iters=0", "--grad_clip=0"]) == 2
+    assert train.main(args + ["--learning_rate=1e30", "--warmup=0", "--grad_clip=0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: loss is ") and "at iteration" in err[0]
     assert "lower --learning_rate" in err[0]

@@ -16,7 +16,7 @@ TINY = str(ROOT / "config" / "tiny.toml")
 # Characters the shared data set (conftest.data_dir) lacks: upper case, digits, ';' and ','; and no '!' or '?'.
 OTHER_TEXT = "".join(f"The bat {i % 10} sat by the hat; a cat, the dog and THE END.\n" for i in range(300))
 # What a fine-tuning run sets without a preset: the model's shape comes from the checkpoint.
-RUN = ["--block_size=16", "--batch_size=8", "--eval_iters=0", "--dropout=0", "--device=cpu", "--warmup_iters=2"]
+RUN = ["--block_size=16", "--batch_size=8", "--eval_iters=0", "--dropout=0", "--device=cpu", "--warmup=0.1"]
 
 
 def read_log(out_dir):
@@ -96,7 +96,7 @@ def test_finetuning_starts_at_iteration_zero_ahead_of_a_model_from_scratch(base,
 
 
 def test_a_finetuned_run_resumes_like_an_uninterrupted_one(base, other_data, tmp_path):
-    common = ["--max_iters=8", "--lr_decay_iters=8", "--log_interval=1", "--eval_interval=4"]
+    common = ["--max_iters=8", "--log_interval=1", "--eval_interval=4"]
     assert finetune(base, other_data, tmp_path / "whole", *common) == 0
     assert finetune(base, other_data, tmp_path / "split", *common[1:], "--max_iters=4") == 0
     # The same command with --init_from=resume: no model keys needed, the shape is the checkpoint's.

@@ -46,8 +46,8 @@ def test_a_budget_too_short_refuses_before_an_overwrite_touches_the_old_run(data
     before = contents(finished_run)
     capsys.readouterr()
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={finished_run}", "--overwrite=true",
-                       "--max_time=0.001s"]) == 2
-    one_error_line(capsys, "max_time 0.001s leaves")
+                       "--max_time=0.001s", "--max_iters=auto"]) == 2
+    one_error_line(capsys, "max_time 0.001s is spent before the run starts")
     assert contents(finished_run) == before  # log.jsonl and ckpt.pt as they were
 
 
@@ -57,10 +57,10 @@ def test_a_stop_during_start_up_is_one_line_and_loses_nothing(data_dir, finished
         time.sleep(1)  # the handler runs before this ends
         raise AssertionError("SIGTERM did not stop the start-up")
 
-    monkeypatch.setattr(train, "probe", stopped)  # the budget's probe, where start-up spends its seconds
+    monkeypatch.setattr(train, "measure", stopped)  # the sizing's timing, where start-up spends its seconds
     before = contents(finished_run)
     capsys.readouterr()
-    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={finished_run}", "--overwrite=true",
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={finished_run}", "--overwrite=true",
                        "--max_time=1m"]) == 128 + signal.SIGTERM
     err = capsys.readouterr().err
     assert err.strip() == "stopped by SIGTERM while starting, before its first step", err
@@ -73,14 +73,14 @@ def test_a_stop_during_start_up_is_one_line_and_loses_nothing(data_dir, finished
 
 def test_a_text_of_fifty_characters_trains_with_no_preset(tmp_path, capsys, monkeypatch):
     import prepare
-    from tinygpt import budget
+    from tinygpt import system
 
     (tmp_path / "tiny.txt").write_text("To be, or not to be, that is the question: whether\n", encoding="utf-8")
     assert prepare.main(["--input", str(tmp_path / "tiny.txt"), "--out_dir", str(tmp_path / "data")]) == 0
     started = time.monotonic()
-    monkeypatch.setattr(budget, "process_age", lambda: time.monotonic() - started)  # as if a fresh process
+    monkeypatch.setattr(system, "process_age", lambda: time.monotonic() - started)  # as if a fresh process
     assert train.main([f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}", "--max_time=10s"]) == 0
-    assert "no preset: sized for the data" in capsys.readouterr().out
+    assert "auto: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("max_time", ["9" * 400, "9" * 400 + "h", "1e400"])
@@ -95,7 +95,7 @@ def test_a_model_of_one_position_samples(tmp_path, capsys):
     state = {"format": 1, "model": GPT(config).state_dict(), "model_config": config.__dict__,
              "meta": {"tokenizer": "char", **CharTokenizer("ab\n").meta(), "vocab_size": 3}}
     (tmp_path / "out").mkdir()
-    train.save_checkpoint(state, tmp_path / "out" / "ckpt.pt")
+    torch.save(state, tmp_path / "out" / "ckpt.pt")
     assert sample.main([f"--out_dir={tmp_path / 'out'}", "--start=ab", "--max_new_tokens=20"]) == 0
     text = capsys.readouterr().out.split(sample.SEPARATOR)[0]
     assert text.startswith("ab") and len(text) >= 22  # the prompt and 20 new characters (and a newline after)
@@ -114,22 +114,21 @@ def test_a_gpt2_directory_whose_config_is_wrong_is_one_line(tmp_path, capsys, co
 # --- Silent surprises ----------------------------------------------------------------------------------
 
 
-def test_a_resumed_budget_keeps_its_fitted_steps_over_its_presets():
-    ckpt = {"train_config": {"max_iters": 57, "lr_decay_iters": 57, "max_time": "3s"}, "device_type": "cpu"}
-    cfg = train.TrainConfig(max_iters=20)  # tiny.toml's, laid over the defaults again
-    resumed = weights.resumed_config(ckpt, cfg, {"max_iters": "config/tiny.toml"}, "cpu")
-    assert (resumed.max_iters, resumed.lr_decay_iters) == (57, 57)
-    given = weights.resumed_config(ckpt, train.TrainConfig(max_iters=80), {"max_iters": "command line"}, "cpu")
+def test_a_resumed_run_keeps_its_own_settings_over_its_presets_and_the_command_line_changes_them():
+    own = {"max_iters": 57, "max_time": "3s", "warmup_iters": 5}  # (an older run's warmup_iters: not read)
+    resumed = train.load_config(train.TrainConfig, [TINY], base=own)  # tiny.toml says max_iters = 20
+    assert (resumed.max_iters, resumed.max_time, resumed.warmup) == (57, "3s", 0.25)  # tiny's warmup: not the run's
+    given = train.load_config(train.TrainConfig, [TINY, "--max_iters=80"], base=own)
     assert given.max_iters == 80  # what the command line says, it gets
 
 
-@pytest.mark.parametrize("max_time", ["1m", "banana"])
-def test_max_time_on_a_resume_is_refused_with_one_line(data_dir, finished_run, capsys, max_time):
+@pytest.mark.parametrize("max_time, says", [("1m", "on a resumed run"), ("banana", "must be a duration")])
+def test_max_time_on_a_resume_is_refused_with_one_line(data_dir, finished_run, capsys, max_time, says):
     before = contents(finished_run)
     capsys.readouterr()
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={finished_run}", "--init_from=resume",
                        f"--max_time={max_time}"]) == 2
-    one_error_line(capsys, "on a resumed run")
+    one_error_line(capsys, says)
     assert contents(finished_run) == before
 
 
@@ -139,13 +138,14 @@ def test_max_time_as_a_number_in_a_preset_is_told_how_to_write_it(tmp_path):
         train.load_config(train.TrainConfig, [str(tmp_path / "p.toml")])
 
 
-def test_no_preset_with_the_whole_shape_given_sizes_nothing(data_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(train, "probe", lambda *a: pytest.fail("probed a run with nothing to size"))
-    shape = ["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=8", "--batch_size=4"]
-    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=6", *shape]) == 0
-    assert "sized" not in capsys.readouterr().out
+def test_no_preset_with_everything_the_sizing_chooses_given_times_nothing(data_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(train, "measure", lambda *a: pytest.fail("timed a run with nothing to choose"))
+    given = ["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=8", "--batch_size=4", "--dropout=0",
+             "--optimizer=adamw", "--pos=learned", "--max_iters=6", "--eval_iters=2"]
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *given]) == 0
+    assert "auto: " not in capsys.readouterr().out
     config = files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]
-    assert (config["optimizer"], config["pos"]) == ("adamw", "learned")  # TrainConfig's defaults, as --help says
+    assert (config["optimizer"], config["pos"], config["max_time"]) == ("adamw", "learned", "auto")  # untimed
 
 
 def test_sizing_probes_and_keeps_what_was_given_and_says_what_it_chose():
@@ -155,12 +155,13 @@ def test_sizing_probes_and_keeps_what_was_given_and_says_what_it_chose():
 
     def measure(cfg):
         probed.append(cfg)
-        return 0.01, 0.1
+        return 0.01, 0.001, 0.1
 
-    cfg, given = train.TrainConfig(n_layer=1, n_embd=100), {"n_layer": "command line", "n_embd": "command line"}
-    sized, said = budget.size_run(cfg, given, (100_000, 10_000, 65), 300, 1, measure)
-    assert all((c.n_layer, c.n_embd, c.n_embd % c.n_head) == (1, 100, 0) for c in [*probed, sized])
-    assert "1 layers x 100 wide" in said and "muon, rope positions" in said and "as given" in said
+    cfg = train.TrainConfig(n_layer=1, n_embd=100, max_time="5m")
+    chosen, said, _ = budget.size_run(cfg, (100_000, 10_000, 65), measure, 300)
+    assert probed and all((c.n_layer, c.n_embd, c.n_embd % c.n_head) == (1, 100, 0) for c in probed)
+    assert "n_layer" not in chosen and "n_embd" not in chosen and 100 % chosen["n_head"] == 0
+    assert (chosen["optimizer"], chosen["pos"]) == ("muon", "rope") and "sized for 5m" in said
 
 
 def test_a_budget_too_short_to_size_for_its_data_is_refused_after_one_probe():
@@ -170,11 +171,10 @@ def test_a_budget_too_short_to_size_for_its_data_is_refused_after_one_probe():
 
     def slow(cfg):  # timing steps as slow as a 100k-token vocabulary makes them
         probed.append(cfg)
-        time.sleep(0.3)
-        return 0.5, 2.0
+        return 0.5, 2.0, 0.3
 
-    with pytest.raises(train.UserError, match="too short to size a run for this data"):
-        budget.size_run(train.TrainConfig(max_time="15s"), {}, (100_000, 10_000, 100_000), 0.6, 1, slow)
+    with pytest.raises(train.UserError, match="too short for this data here"):
+        budget.size_run(train.TrainConfig(max_time="15s"), (100_000, 10_000, 100_000), slow, 0.6)
     assert len(probed) == 1
 
 
@@ -187,15 +187,16 @@ def test_a_slow_first_timing_ends_the_sizing_with_its_choice_rather_than_a_refus
 
     def slow_to_time(cfg):  # steps that a quiet moment would show fast, timed slowly
         probed.append(cfg)
-        time.sleep(0.5)  # more than the sizing's share of 3 s
-        return 0.0001, 0.1
+        return 0.0001, 0.0001, 0.5  # more than the sizing's share of 3 s
 
-    sized, _ = budget.size_run(train.TrainConfig(max_time="3s"), {}, (1_000_000, 100_000, 65), 3, 1, slow_to_time)
-    assert len(probed) == 1 and (sized.n_layer, sized.n_embd) != (probed[0].n_layer, probed[0].n_embd)
+    sized, _, _ = budget.size_run(train.TrainConfig(max_time="3s"), (1_000_000, 100_000, 65), slow_to_time, 3)
+    assert len(probed) == 1 and (sized["n_layer"], sized["n_embd"]) != (probed[0].n_layer, probed[0].n_embd)
 
 
-def test_a_block_longer_than_the_text_is_refused_before_any_probe(data_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(train, "probe", lambda *a: pytest.fail("probed a block the text cannot fill"))
+def test_a_block_longer_than_the_text_is_refused_before_any_timing(data_dir, tmp_path, capsys, monkeypatch):
+    from tinygpt import budget
+
+    monkeypatch.setattr(budget, "time_per_call", lambda *a, **k: pytest.fail("timed a block the text cannot fill"))
     assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--block_size=100000"]) == 2
     one_error_line(capsys, "block_size")
 
@@ -229,10 +230,10 @@ def test_start_file_with_no_path_says_so(finished_run, capsys):
 
 @pytest.mark.parametrize("switch", ["--mixer=average", "--score=additive"])
 def test_no_preset_with_attention_rope_cannot_turn_keeps_learned_positions(data_dir, tmp_path, monkeypatch, switch):
-    from tinygpt import budget
+    from tinygpt import system
 
     started = time.monotonic()
-    monkeypatch.setattr(budget, "process_age", lambda: time.monotonic() - started)
+    monkeypatch.setattr(system, "process_age", lambda: time.monotonic() - started)
     assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=5", "--n_embd=32",
                        switch]) == 0  # sized
     assert files.load_checkpoint(tmp_path / "ckpt.pt")["model_config"]["pos"] == "learned"

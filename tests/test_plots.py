@@ -15,7 +15,7 @@ from tinygpt import plot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = ["--n_embd=16", "--block_size=8", "--batch_size=2", "--max_iters=3", "--eval_interval=3",
-        "--eval_iters=2", "--log_interval=1", "--warmup_iters=1"]
+        "--eval_iters=2", "--log_interval=1", "--warmup=0.3"]
 
 
 @pytest.fixture(scope="module")

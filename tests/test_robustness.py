@@ -28,7 +28,7 @@ from tinygpt.tokenizer import tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
-RUN = ["--max_iters=12", "--eval_interval=4", "--lr_decay_iters=12", "--log_interval=1"]
+RUN = ["--max_iters=12", "--eval_interval=4", "--log_interval=1"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread, as in-process (conftest.py): the same sums
 
 

@@ -144,7 +144,7 @@ def test_torchrun_trains_with_ddp_on_cpu(data_dir, tmp_path, processes):
     assert result.returncode == 0, result.stderr[-2000:]
     # batch_size and grad_accum are per process: the preset's batch of 8 runs in each process;
     # under torchrun the process group is made even for one process (NCCL's path on a GPU)
-    sequences = f"batch 8 x grad_accum 1 x {processes} process(es) x 16; cpu"
+    sequences = f"{128 * processes} tokens/step (8 x 16 a micro-batch); cpu"
     assert sequences in result.stdout
     assert "DDP over gloo" in result.stdout
     log = read_log(tmp_path)

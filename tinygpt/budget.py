@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from config import AUTO, UserError
-from tinygpt.device import compiler_missing, train_flops_per_token
+from tinygpt.device import train_flops_per_token
 from tinygpt.files import write_atomic, write_error
 
 DEFAULT_BUDGET = "5m"  # max_time for a run that leaves anything auto: a few minutes of a laptop's time
@@ -26,15 +26,13 @@ MAX_EPOCHS = 50  # passes over a text that still help, with dropout
 MIN_STEPS = 1500  # a run takes at least this many steps where its time allows: past it, larger batches
 MIN_BATCH_TOKENS = 16 * 64  # the smallest batch the rule gives, in tokens: 16 sequences of 64, 4 of 256
 SIZED = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "dropout", "optimizer", "pos")  # measured
+CHOSEN = (*SIZED, "max_iters", "eval_iters")  # a run that leaves one of these auto is sized (fill_auto)
 # The fast recipe's choices (config/shakespeare_char_cpu_fast.toml); its rates are TrainConfig's defaults.
 RECIPE = {"optimizer": "muon", "pos": "rope"}
 EVALS = 10  # a timed run evaluates at its start and at each tenth of its time
 EVAL_SHARE = 0.03  # of a sized run's time, the most its evaluations take, each reading fewer batches to fit
 USABLE = 0.97  # of a budget, for the steps and evaluations: the rest for the last save and the exit
 EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large to read whole, whatever the batch
-# A sized run compiles where the faster steps repay the compiling: per device type, (a step's speed-up, seconds to
-# compile), measured on an H100 (docs/results.md); on a CPU it does not pay (docs/own_text.md).
-COMPILING = {"cuda": (1.37, 41.0)}
 FIRST_GUESS_FLOPS = 2**37  # the rate the first model timed is chosen for: two CPU cores' (137 GFLOP/s)
 SIZING_SHARE = 0.1  # of a budget, the most the sizing spends timing models after the first
 
@@ -142,30 +140,23 @@ def eval_batches(cfg, val_tokens, per_token=None, seconds=None):
 # --- Filling what is auto -------------------------------------------------------------------
 
 
-def fill_auto(cfg, sizes, device_type, measure, age):
-    """(cfg with every setting left auto chosen, a line saying which and why). sizes: (train tokens, val tokens,
-    vocabulary); measure(cfg): (seconds per step, per forward pass of a batch, the seconds measuring took) of a new
-    model of cfg on every process, rank 0's; age: rank 0's seconds since it started."""
+def fill_auto(cfg, sizes, measure, age):
+    """(cfg with every setting of CHOSEN left auto chosen, and max_time; a line saying which and why). sizes: (train
+    tokens, val tokens, vocabulary); measure(cfg): (seconds per step, per forward pass of a batch, the seconds
+    measuring took) of a new model of cfg on every process, rank 0's; age: rank 0's seconds since it started."""
     cfg, chose, reason, per_token = dataclasses.replace(cfg, max_time=max_time(cfg)), {}, "", None
-    seconds = parse_duration(cfg.max_time)
-    left = (seconds or parse_duration(DEFAULT_BUDGET)) - age
-    if cfg.compile == AUTO:  # where the faster steps repay the compiling, timed at the eager speed
-        speedup, compiling = COMPILING.get(device_type, (1.0, 0.0))
-        chose["compile"] = bool(seconds) and (left - compiling) * speedup > left and not compiler_missing(device_type)
-        left = (left - compiling) * speedup if chose["compile"] else left
+    left = (parse_duration(cfg.max_time) or parse_duration(DEFAULT_BUDGET)) - age
     if any(getattr(cfg, k) == AUTO for k in SIZED):
-        sized, reason, per_token = size_run(dataclasses.replace(cfg, **chose), sizes, measure, left)
-        chose |= sized
+        chose, reason, per_token = size_run(cfg, sizes, measure, left)
     chose |= follow(dataclasses.replace(cfg, **chose), sizes, per_token, left)
     said = ", ".join(f"{k}={v}" for k, v in chose.items())
-    return dataclasses.replace(cfg, **chose), f"auto: {said}{reason}" if reason or "max_iters" in chose else ""
+    return dataclasses.replace(cfg, **chose), f"auto: {said}{reason}"
 
 
 def follow(cfg, sizes, per_token=None, seconds=None):
-    """{setting: value} for what cfg leaves auto that follows from the rest: the steps (a timed run ends sooner), Muon's
-    weight decay, the batches per evaluation (eval_batches)."""
+    """{setting: value} for what cfg leaves auto that follows from the rest: the steps (a timed run ends sooner) and
+    the batches per evaluation (eval_batches)."""
     rules = {"max_iters": lambda: most_steps(sizes[0], cfg.batch_size * cfg.grad_accum * cfg.block_size),
-             "muon_weight_decay": lambda: 0.0 if cfg.dropout else 0.1,  # on a text read often, both do worse
              "eval_iters": lambda: eval_batches(cfg, sizes[1], per_token, seconds)}
     return {k: rule() for k, rule in rules.items() if getattr(cfg, k) == AUTO}
 

@@ -177,10 +177,11 @@ def peak_flops(device_type):
     return next((flops for pattern, flops in PEAK_FLOPS if re.search(pattern, name)), None)
 
 
-def mfu(device_type, params, cfg, tokens_per_s):
-    """Training params (cfg's shape) at tokens_per_s as a share of the GPU's bf16 peak; None without a peak."""
+def mfu(device_type, model, cfg, tokens_per_s):
+    """Training model (cfg's shape) at tokens_per_s as a share of the GPU's bf16 peak; None without a peak."""
     peak = peak_flops(device_type)
-    return peak and train_flops_per_token(params, cfg.n_layer, cfg.n_embd, cfg.block_size) * tokens_per_s / peak
+    flops = train_flops_per_token(model.num_params(), cfg.n_layer, cfg.n_embd, cfg.block_size)
+    return peak and flops * tokens_per_s / peak
 
 
 def train_flops_per_token(params, n_layer, n_embd, block_size):
