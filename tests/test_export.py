@@ -453,9 +453,7 @@ def test_an_export_into_a_target_another_export_made_meanwhile_keeps_that_one(ru
 SIGNALLED = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, os.getcwd())
-    from tinygpt import export, system
-    for s in system.stop_signals():  # as python -m tinygpt.export starts
-        signal.signal(s, system.interrupted)
+    from tinygpt import export
     signum, real = int(sys.argv[1]), export.write_hf
     def write_hf(stage, *args):
         real(stage, *args)
@@ -464,8 +462,8 @@ SIGNALLED = textwrap.dedent("""
     export.write_hf = write_hf
     code = export.main(sys.argv[2:])
     if not signum:
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C just after the export is whole
-    system.exit(code)
+        os.kill(os.getpid(), signal.SIGTERM)  # a stop just after the export is whole: the process ends by it
+    raise SystemExit(code)
 """)
 
 
@@ -482,10 +480,10 @@ def test_a_signal_during_an_export_leaves_the_old_one_whole_and_nothing_beside_i
     assert {p.name: p.read_bytes() for p in target.iterdir()} == before and leftovers(tmp_path) == []
 
 
-def test_ctrl_c_just_after_an_export_is_whole_changes_nothing(runs, tmp_path):
+def test_a_stop_just_after_an_export_is_whole_changes_nothing(runs, tmp_path):
     command = [sys.executable, "-c", SIGNALLED, "0", f"--out_dir={runs['learned']}", f"--to={tmp_path / 'x'}"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and result.stderr == ""
+    assert result.returncode == -signal.SIGTERM and result.stderr == ""
     assert json.loads((tmp_path / "x" / "config.json").read_text())["model_type"] == "gpt2"
 
 

@@ -228,27 +228,3 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_never_runs(data_dir, tm
     with pytest.raises(train.UserError, match="could run code"):
         files.load_checkpoint(out_dir / "ckpt.pt")
     assert not marker.exists()
-
-
-def caught(pid, signum):
-    """Whether process pid has a handler for signum, as Linux says in /proc (False while it has none yet)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-    return bool(mask >> (signum - 1) & 1)
-
-
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])  # (SIGINT's handler is Python's from its start)
-def test_a_signal_while_torch_still_loads_is_one_line_and_128_plus_the_signal(signum):
-    if signal.getsignal(signum) == signal.SIG_IGN:  # as under nohup: the child starts ignoring it, and keeps that
-        pytest.skip(f"{signum.name} is ignored here, so in the child too (tinygpt.system leaves it so)")
-    proc = subprocess.Popen([sys.executable, "-m", "tinygpt.score"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    while not caught(proc.pid, signum):  # tinygpt.system is imported: torch is next, for a second or so
-        assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signum)
-    out, err = proc.communicate(timeout=60)
-    assert (proc.returncode, out, err) == (128 + signum, "", f"stopped by {signal.Signals(signum).name}\n")

@@ -49,7 +49,7 @@ WORKER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGTERM)
             return real(*args, **kwargs)
         setattr(where, name, signalled)
-    train.system.exit(train.main(sys.argv[1:]))  # as `python train.py` ends
+    raise SystemExit(train.main(sys.argv[1:]))  # as `python train.py` ends
 """)
 
 
@@ -205,9 +205,10 @@ def test_a_locked_out_dir_stops_both_with_one_line(data_dir, tmp_path):
     assert "is in use by another run" in line
 
 
-@pytest.mark.parametrize("where", ["term:build", "term:probe", "term:wrap"])
+@pytest.mark.parametrize("where", ["term:build", "term:measure", "term:wrap"])
 def test_a_signal_to_one_process_while_starting_stops_both_with_one_line(data_dir, tmp_path, where):
-    results = run(tmp_path, tmp_path / "run", *args_for(data_dir, "--max_time=30s"), inject=where)
+    sized = ["--max_time=30s", "--dropout=auto"]  # the sizing times a model: where start-up spends its time
+    results = run(tmp_path, tmp_path / "run", *args_for(data_dir, *sized), inject=where)
     assert results[1] == (143, "")  # rank 1, signalled: under torchrun rank 0 alone speaks
     code, out = results[0]
     assert code == 2 and "Traceback" not in out, out
