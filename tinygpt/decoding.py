@@ -10,85 +10,56 @@ import torch
 import torch.nn.functional as F
 
 
+def newest(x, n, dim):
+    """The last n entries of x along dim (x[:, -n:] would be all of them for n = 0)."""
+    return x.narrow(dim, x.size(dim) - n, n)
+
+
 class KVCache:
-    """Keys and values of every layer for the positions seen, so a new token costs one position of work, in buffers
-    max_len long (the most keys a query sees: block_size, or the window), filled in place. Once full, the cache
-    slides (past block_size only rope allows it); more new positions than fit are attended to whole, the newest kept."""
+    """Keys and values of every layer for the positions seen, so that a new token costs one position of work.
+    A query sees max_len keys at most (block_size, or the window): each step attends to the newest max_len - 1
+    positions held and to its own, so past max_len the cache slides in a fixed memory (past block_size only
+    rope allows it)."""
 
     def __init__(self, n_layer, max_len):
         self.max_len = max_len
-        self.k = [None] * n_layer  # each (B, H, max_len, hs) once used
-        self.v = [None] * n_layer
-        self.valid = None  # (B, max_len) bool, or None: no padding anywhere
-        self.length = 0  # positions this step attends to (S): the held ones and the new
+        self.k, self.v = [None] * n_layer, [None] * n_layer  # each (B, H, S, hs): the last step's keys
+        self.valid = None  # (B, S) bool: which of those positions are real tokens, not padding; None: all
+        self.dropped = 0  # real tokens before them, per row (B, 1) once there is padding: slid past
         self.seen = 0  # positions ever added: the next one's position
-        self.real = 0  # real (not padding) tokens ever added, per row (B, 1) once there is padding
-        self.dropped = 0  # real tokens before the first one attended to, per row: the window slid past them
-        self.layer = 0  # which layer's extend() comes next
-        self.write = 0  # the slot this step's first new position goes to
-        self.oldest = 0  # the slot of the oldest position held: 0 until a full cache slides
+        self.length = 0  # S, the positions this step attends to
+        self.layer = 0  # whose extend() comes next
 
     def __len__(self):
         return self.length
 
     def nbytes(self):
-        """Bytes in the key and value buffers: they never grow past max_len positions."""
-        return sum(buf.numel() * buf.element_size() for buf in (*self.k, *self.v) if buf is not None)
+        """Bytes in the keys and values held: after a step of one token, max_len positions' at most."""
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v) if t is not None)
 
     def advance(self, valid, T):
-        """Makes room for T new positions, valid (B, T) or None for all real. Returns
-        the validity of the S positions they attend to, or None when none is padding."""
-        held = min(self.length, self.max_len)  # a step that overflowed kept only the newest max_len
-        self.layer = 0
-        if T == 1 and held == self.max_len and valid is None:
-            # Full, and one real token: it takes the oldest one's slot, and the buffers become a ring. Its one
-            # query sees every key, and softmax does not care in what order: nothing is copied, no key moves.
-            self.write, self.oldest = self.oldest, (self.oldest + 1) % self.max_len
-            self.length, self.seen = held, self.seen + 1
-            if self.valid is None:
-                return None
-            self.valid[:, self.write] = True
-            self.real = self.real + 1
-            self.dropped = self.real - self.valid.sum(dim=1, keepdim=True)  # (B, 1)
-            return self.valid  # in the buffers' order, as the keys are
-        slide = int(T == 1 and held == self.max_len)  # full, and a token that may be padding: the window slides
-        if self.oldest or slide:  # the keys back in order after the ring turned, then one place on if sliding
-            for buf in (*self.k, *self.v):
-                if buf is not None:
-                    buf.copy_(buf.roll(-self.oldest - slide, dims=2))
-            if self.valid is not None:
-                self.valid.copy_(self.valid.roll(-self.oldest - slide, dims=1))
-            self.oldest, held = 0, held - slide
-        self.length, self.write = held + T, held
-        if valid is not None and self.valid is None:
-            self.valid = torch.ones(valid.size(0), self.max_len, dtype=torch.bool, device=valid.device)
-            self.real = self.seen  # every token before this one was real
-        self.seen += T
+        """Makes room for T new positions, valid (B, T) or None for all real. Returns the validity of the S
+        positions they attend to (the newest held, then themselves), or None when none is padding."""
+        held = min(self.length, self.max_len - 1)
+        if valid is not None and self.valid is None:  # the first padding: every position before it was real
+            self.valid, self.dropped = valid.new_ones(valid.size(0), held), self.seen - held
+        self.layer, self.length, self.seen = 0, held + T, self.seen + T
         if self.valid is None:
             return None
-        new = torch.ones(self.valid.size(0), T, dtype=torch.bool, device=self.valid.device) if valid is None else valid
-        all_valid = torch.cat([self.valid[:, :held], new], dim=1)  # (B, S)
-        self.valid[:, : min(self.length, self.max_len)] = all_valid[:, -self.max_len :]
-        self.real = self.real + new.sum(dim=1, keepdim=True)  # (B, 1)
-        self.dropped = self.real - all_valid.sum(dim=1, keepdim=True)  # (B, 1)
-        return all_valid
+        self.dropped = self.dropped + self.valid[:, : self.valid.size(1) - held].sum(dim=1, keepdim=True)
+        new = self.valid.new_ones(self.valid.size(0), T) if valid is None else valid
+        self.valid = torch.cat([newest(self.valid, held, dim=1), new], dim=1)  # (B, S)
+        return self.valid
 
     def extend(self, k, v):
-        """Adds this layer's new keys and values; returns them for all S positions."""
+        """Adds this layer's new keys and values (B, H, T, hs); returns those of all S, (B, H, S, hs). Joined
+        anew each step, a copy of S positions: the cache then slides by a slice, with no ring of slots."""
         i, self.layer = self.layer, self.layer + 1
-        if self.v[i] is None:
-            B, H, _, hs = v.shape
-            self.k[i], self.v[i] = k.new_empty(B, H, self.max_len, hs), v.new_empty(B, H, self.max_len, hs)
-        T, S = k.size(2), self.length  # S - T held before this step
-        if S <= self.max_len:  # room for them: written in place, read as views of the buffers
-            self.k[i].narrow(2, self.write, T).copy_(k)  # [:, :, write:write + T] = k, a few us sooner
-            self.v[i].narrow(2, self.write, T).copy_(v)
-            return self.k[i].narrow(2, 0, S), self.v[i].narrow(2, 0, S)  # (B, H, S, hs)
-        # More than the buffers hold: attend to copies, and keep the newest max_len.
-        k = torch.cat([self.k[i][:, :, : S - T], k], dim=2)  # (B, H, S, hs)
-        v = torch.cat([self.v[i][:, :, : S - T], v], dim=2)
-        self.k[i].copy_(k[:, :, -self.max_len :])
-        self.v[i].copy_(v[:, :, -self.max_len :])
+        if self.k[i] is not None:  # the newest held, then the new
+            held = self.length - k.size(2)
+            k = torch.cat([newest(self.k[i], held, dim=2), k], dim=2)
+            v = torch.cat([newest(self.v[i], held, dim=2), v], dim=2)
+        self.k[i], self.v[i] = k, v
         return k, v
 
 
