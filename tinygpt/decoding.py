@@ -18,8 +18,8 @@ def newest(x, n, dim):
 class KVCache:
     """Keys and values of every layer for the positions seen, so that a new token costs one position of work.
     A query sees max_len keys at most (block_size, or the window): each step attends to the newest max_len - 1
-    positions held and to its own, so past max_len the cache slides in a fixed memory (past block_size only
-    rope allows it)."""
+    positions held and to its new ones, so past max_len the cache slides in a fixed memory (past block_size
+    only rope allows it)."""
 
     def __init__(self, n_layer, max_len):
         self.max_len = max_len
