@@ -53,7 +53,6 @@ class SampleConfig:
     dtype: str = option("auto", "auto (bf16 on CUDA if supported, else fp16; fp32 on CPU), float32, bfloat16, float16",
                         choices=("auto", "float32", "bfloat16", "float16"))
     kv_cache: bool = option(True, "keep earlier positions' keys and values (false: recompute the context each token)")
-    cuda_graphs: bool = option(False, "on a CUDA GPU, replay each token's step from a CUDA graph (not yet measured)")
 
 
 def write(text):
@@ -79,7 +78,7 @@ def print_samples(model, rows, cfg, tokenizer, generator):
     for r, ids in enumerate(rows):
         add(r, tokenizer.decode(ids))  # the prompt, as the tokenizer reads it
     tokens = decoding.stream(model, idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, valid=valid,
-                             use_cache=cfg.kv_cache, generator=generator, cuda_graphs=cfg.cuda_graphs)
+                             use_cache=cfg.kv_cache, generator=generator)
     # A batch prints when it is done: until then a bar on a terminal's stderr says how far it is.
     for token in tqdm(tokens, f"{len(rows):,} samples", cfg.max_new_tokens, unit="token", disable=live or None):
         for r, t in enumerate(token[:, 0].tolist()):

@@ -13,8 +13,8 @@ nanoGPT's GPU reference (config/train_shakespeare_char.py, compiled) over the sa
 against this GPU's peak; the fast preset (Muon, rope) compiled, to nanoGPT's 1.4697 as far as its cap
 allows, its step against the reference's; budget.COMPILING's figures, the same steps eager and compiled;
 the automatic run (no preset) for --auto_time, compiled where the rule says so, scored on the whole val
-split; sampling with CUDA graphs and without, against nanoGPT's, in one process, the same shape and random
-weights; torchrun over every GPU present (NCCL); peak memory where each run logged it.
+split; sampling against nanoGPT's, in one process, the same shape and random weights; torchrun over every
+GPU present (NCCL); peak memory where each run logged it.
 
 With --smoke every part runs on the CPU at tiny sizes and without compiling, nanoGPT's parts only
 where --nanogpt exists: the suite runs it (tests/test_gpu_bench.py), so the script keeps working
@@ -405,16 +405,15 @@ def compiling(bench):
 
 
 def sampling(bench):
-    """500 new tokens, temperature 0.8, top-k 200, in one process: ours (on a GPU with CUDA graphs), ours without
-    them, and nanoGPT's, taking turns, the same shape and random weights, all under bf16 autocast on a GPU."""
+    """500 new tokens, temperature 0.8, top-k 200, in one process: ours and nanoGPT's, taking turns, the same
+    shape and random weights, both under bf16 autocast on a GPU."""
     from model import GPT, GPTConfig
 
     shape = dict(n_layer=2, n_head=2, n_embd=32, block_size=32) if bench.cfg.smoke else dict(
         n_layer=6, n_head=6, n_embd=384, block_size=256)
     new = 50 if bench.cfg.smoke else 500
     ours = GPT(GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape)).to(bench.device).eval()
-    models = {"ours": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200, cuda_graphs=True),
-              "ours_without_graphs": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200)}
+    models = {"ours": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200)}
     if Path(bench.cfg.nanogpt).exists():
         their_module = load_nanogpt_model(nanogpt_dir(bench))
         theirs = their_module.GPT(their_module.GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape))
@@ -435,8 +434,6 @@ def sampling(bench):
             rates[name].append(new / (time.perf_counter() - t0))
     figures = {name: statistics.median(r) for name, r in rates.items()}
     text = ", ".join(f"{name} {rate:,.0f} tokens/s" for name, rate in figures.items())
-    figures["graphs"] = figures["ours"] / figures["ours_without_graphs"]
-    text += f"; graphs {figures['graphs']:.2f}x"
     if "nanogpt" in figures:
         figures["ratio"] = figures["ours"] / figures["nanogpt"]
         text += f" ({figures['ratio']:.2f}x nanoGPT's)"

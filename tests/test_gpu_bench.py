@@ -29,7 +29,6 @@ def test_the_gpu_script_runs_every_part_it_can_on_a_cpu(tmp_path):
     assert 0 < figures["auto"]["whole_val"] < 4.2 and figures["auto"]["sized"].startswith("no preset")
     assert 0 < figures["auto"]["setup_s"] < 12  # to the first step, within the run's 12 s
     assert figures["sampling"]["ours"] > 0 and "nanogpt" not in figures["sampling"]  # no nanoGPT here
-    assert figures["sampling"]["graphs"] == figures["sampling"]["ours"] / figures["sampling"]["ours_without_graphs"]
     assert figures["torchrun"]["backend"] == "gloo"
     table = (tmp_path / "out" / "gpu.md").read_text(encoding="utf-8")
     assert table.startswith("| part | status |") and "| compiled | skipped | needs a GPU and --nanogpt" in table

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
+import model as lesson
 import prepare
 import sample
 import train
@@ -34,12 +34,14 @@ def tiny_gpt(seed=0, **overrides):
 # --- The KV cache ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "none"])
-def test_cached_logits_match_a_full_forward_pass_one_position_at_a_time(pos):
-    model = tiny_gpt(pos=pos)
+@pytest.mark.parametrize("overrides", [{}, {"pos": "sinusoidal"}, {"pos": "rope"}, {"pos": "none"},
+                                       {"bias": False, "gelu": "tanh"}, {"window": 6}, {"pos": "rope", "window": 6},
+                                       {"vocab_size": 16, "real_vocab_size": 13}])
+def test_cached_logits_match_a_full_forward_pass_one_position_at_a_time(overrides):
+    model = tiny_gpt(**overrides)
     idx = torch.randint(13, (2, BLOCK))
     full, _ = model(idx)
-    cache = KVCache(model.config.n_layer, BLOCK)
+    cache = KVCache(model.config.n_layer, model.config.window or BLOCK)
     first, _ = model(idx[:, :5], cache=cache)
     steps = [model(idx[:, t : t + 1], cache=cache)[0] for t in range(5, BLOCK)]
     torch.testing.assert_close(torch.cat([first, *steps], dim=1), full)
@@ -66,11 +68,35 @@ def test_sampled_tokens_are_identical_with_and_without_the_cache_for_a_fixed_see
     assert not torch.equal(runs[0], other_seed)  # the seed matters, so the equality above means something
 
 
+CHANGES = {  # what a reader might try in model.py; LayerNorm would take out a shift of every channel alike
+    "Block": lambda out: out + torch.linspace(-2.0, 2.0, out.size(-1), dtype=out.dtype),
+    "MultiHeadAttention": lambda out: 3 * out,
+}
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+@pytest.mark.parametrize("changed", CHANGES)
+def test_a_forward_changed_in_model_py_gives_the_same_greedy_tokens_with_the_cache_as_without(monkeypatch,
+                                                                                              changed, pos):
+    model = tiny_gpt(pos=pos)
+    with torch.no_grad():  # weights far from the init, where the change shows in the tokens
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    idx = torch.randint(13, (8, 5))
+    before = generate(model, idx, 3 * BLOCK, temperature=0.0)  # past block_size: rope slides, learned jumps
+    forward = getattr(lesson, changed).forward
+    monkeypatch.setattr(getattr(lesson, changed), "forward",
+                        lambda self, *args: CHANGES[changed](forward(self, *args)))
+    cached = generate(model, idx, 3 * BLOCK, temperature=0.0, use_cache=True)
+    assert torch.equal(cached, generate(model, idx, 3 * BLOCK, temperature=0.0, use_cache=False))
+    assert not torch.equal(cached, before)  # the change shows, so the equality means something
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_decoding_runs_without_onednn_except_bf16_on_many_positions_and_leaves_the_setting_as_it_was(monkeypatch,
                                                                                                    bf16):
     model = tiny_gpt().float()
-    seen = []  # (positions fed, oneDNN on) per step, through model.forward or the unrolled step
+    seen = []  # (positions fed, oneDNN on) per step of model.forward
     advance = KVCache.advance
     monkeypatch.setattr(KVCache, "advance", lambda cache, valid, T: seen.append((T, torch.backends.mkldnn.enabled))
                         or advance(cache, valid, T))
@@ -78,124 +104,6 @@ def test_decoding_runs_without_onednn_except_bf16_on_many_positions_and_leaves_t
         between = [torch.backends.mkldnn.enabled for _ in stream(model, torch.randint(13, (1, 5)), 6)]
     assert seen == [(5, bf16)] + [(1, False)] * 5  # bf16 on a prompt: oneDNN's matmuls are the faster
     assert between == [True] * 6 and torch.backends.mkldnn.enabled  # the caller's setting, between steps and after
-
-
-def step_beside_forward(model, step):
-    """step and model.forward, each with its own cache after the same 4-token prompt, one token at a time up to
-    block_size (rope: 3 block sizes, its cache sliding): [(step's logits, forward's)] and the two caches."""
-    steps = 3 * BLOCK if model.config.pos == "rope" else BLOCK - 4
-    idx = torch.randint(13, (2, 4 + steps))
-    caches = [KVCache(model.config.n_layer, model.config.window or BLOCK) for _ in range(2)]
-    logits = []
-    with torch.inference_mode():
-        for cache in caches:
-            model(idx[:, :4], cache=cache)
-        for t in range(4, idx.size(1)):
-            logits.append((step(idx[:, t : t + 1], caches[0]),
-                           model(idx[:, t : t + 1], cache=caches[1], last_only=True)[0]))
-    return logits, caches
-
-
-@pytest.mark.parametrize("overrides", [{}, {"pos": "sinusoidal"}, {"pos": "none"}, {"bias": False, "gelu": "tanh"},
-                                       {"pos": "rope"}, {"pos": "rope", "window": 6}, {"window": 6},
-                                       {"vocab_size": 16, "real_vocab_size": 13}])
-def test_the_unrolled_step_gives_the_logits_of_model_forward_to_the_bit(overrides):
-    model = tiny_gpt(**overrides).float()
-    step = decoding.unrolled_step(model)
-    assert step is not None
-    logits, caches = step_beside_forward(model, step)
-    assert all(ours.shape == (2, 1, 13) and torch.equal(ours, theirs) for ours, theirs in logits)
-    assert all(torch.equal(a, b) for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v))
-
-
-@pytest.mark.parametrize("overrides", [{"mixer": "head"}, {"mixer": "average"}, {"feedforward": False},
-                                       {"residual": False}, {"layernorm": False}, {"score": "additive"},
-                                       {"fused_attention": False}])
-def test_the_unrolled_step_leaves_every_lower_rung_to_model_forward(overrides):
-    assert decoding.unrolled_step(tiny_gpt(**overrides)) is None
-
-
-def test_the_unrolled_step_leaves_training_hooks_kept_weights_and_replaced_modules_to_model_forward():
-    model = tiny_gpt()
-    assert decoding.unrolled_step(model) is not None
-    assert decoding.unrolled_step(model.train()) is None
-    model.eval()
-    handle = model.blocks[1].ffwd.register_forward_hook(lambda module, args, out: out * 2)
-    assert decoding.unrolled_step(model) is None
-    handle.remove()
-    model.blocks[0].mixer.keep_weights = True
-    assert decoding.unrolled_step(model) is None
-    model.blocks[0].mixer.keep_weights = False
-    model.blocks[0].ffwd.c_fc = type("Adapted", (torch.nn.Linear,), {})(16, 64)
-    assert decoding.unrolled_step(model) is None
-
-
-def fake_capture(replays):
-    """decoding.capture without a GPU: the step run as is, then traced into a graph of torch ops (make_fx), whose
-    replay runs those ops again on the same tensors into one output, without the Python that made them, as a CUDA
-    graph's does: a Python number read at the capture stays what it was then. replays counts them."""
-    def capture(fn):
-        out = fn()
-        graph = make_fx(fn)()
-        replayed = graph()
-
-        class Graph:
-            def replay(self):
-                replays.append(len(replays))
-                replayed.copy_(graph())
-
-        return out, Graph(), replayed
-
-    return capture
-
-
-GRAPHED = [{}, {"pos": "sinusoidal"}, {"pos": "none"}, {"pos": "rope"}, {"pos": "rope", "window": 6}, {"window": 6},
-           {"vocab_size": 16, "real_vocab_size": 13}]
-
-
-@pytest.mark.parametrize("overrides", GRAPHED)
-def test_a_graphed_step_gives_the_logits_of_model_forward_at_every_position(monkeypatch, overrides):
-    model = tiny_gpt(**overrides)
-    replays = []
-    monkeypatch.setattr(decoding, "capture", fake_capture(replays))
-    logits, caches = step_beside_forward(model, decoding.unrolled_step(model, graphs=True))
-    for ours, theirs in logits:
-        torch.testing.assert_close(ours, theirs)
-    assert len(replays) == len(logits) - 1  # every step after the first replayed
-    for ours, theirs in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):  # every slot written by now
-        torch.testing.assert_close(ours, theirs)
-
-
-@pytest.fixture
-def uninitialized_memory_is_nan():
-    """torch.empty and its kind fill new tensors with NaN (in deterministic mode), as memory may hold on a GPU."""
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(False)
-
-
-def test_slots_of_the_cache_not_yet_written_hold_zeros_which_a_graphed_step_reads_at_weight_zero(
-        uninitialized_memory_is_nan):
-    model = tiny_gpt()
-    cache = KVCache(model.config.n_layer, BLOCK)
-    with torch.inference_mode():
-        model(torch.randint(13, (2, 4)), cache=cache)
-    assert all(buf[:, :, 4:].eq(0).all() and buf[:, :, :4].ne(0).any() for buf in cache.k + cache.v)
-
-
-@pytest.mark.parametrize("overrides", GRAPHED)
-def test_greedy_tokens_are_identical_with_graphed_steps_and_without_the_cache(monkeypatch, overrides):
-    model = tiny_gpt(**overrides)
-    replays = []
-    monkeypatch.setattr(decoding, "graphs_apply", lambda idx: True)  # as on a CUDA GPU
-    monkeypatch.setattr(decoding, "capture", fake_capture(replays))
-    idx = torch.randint(13, (2, 5))
-    graphed = generate(model, idx, 2 * BLOCK, temperature=0.0, cuda_graphs=True)  # past block_size: caches jump
-    assert replays
-    replays.clear()
-    assert torch.equal(graphed, generate(model, idx, 2 * BLOCK, temperature=0.0, use_cache=False))
-    assert torch.equal(graphed, generate(model, idx, 2 * BLOCK, temperature=0.0))  # the default: no graphs
-    assert not replays
 
 
 def test_a_prompt_longer_than_block_size_is_cut_to_its_last_block_size_tokens():
