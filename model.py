@@ -45,12 +45,12 @@ class GPTConfig:
     # Beside the main path.
     pos: str = "learned"  # where each token is: one of POSITIONS
     score: str = "dot"  # how a query scores a key (head, multihead): q·k / sqrt(hs), or additive
-    window: int = 0  # each query sees only its `window` newest keys, itself included (0: all of them)
+    window: int = 0  # each query sees only its `window` newest keys, itself included (0: all)
     bias: bool = True  # biases in Linear and LayerNorm
     tie_weights: bool = True  # the output head shares the token embedding's matrix
     gelu: str = "exact"  # the feed-forward's GELU: exact, or tanh (GPT-2's approximation)
     fused_attention: bool = True  # PyTorch's fused kernel (False: the written-out attention)
-    real_vocab_size: int | None = None  # the tokenizer's, when vocab_size is padded: logits past it are cut off
+    real_vocab_size: int | None = None  # the tokenizer's where vocab_size is padded: logits cut
 
     def __post_init__(self):
         check_config(self)  # beside the main path
@@ -72,12 +72,14 @@ def tril_mask(T, S, device=None):
 class CausalAverage(nn.Module):
     """Each position becomes the mean of itself and every earlier position: the simplest way for a
     token to hear of its past. Scores are 0 where a position may look and -inf where it may not; a
-    softmax over each row turns them into 1/(t+1). No parameters: every earlier token counts the same."""
+    softmax over each row turns them into 1/(t+1). No parameters: every earlier token counts the
+    same."""
 
     def forward(self, x, mask=None):
         B, T, C = x.shape
-        mask = tril_mask(T, T, x.device) if mask is None else mask  # a mask given also hides padding
-        scores = torch.zeros(T, T, device=x.device, dtype=x.dtype).masked_fill(~mask, float("-inf"))  # (T, T)
+        mask = tril_mask(T, T, x.device) if mask is None else mask  # a mask given hides padding too
+        scores = torch.zeros(T, T, device=x.device, dtype=x.dtype)  # (T, T)
+        scores = scores.masked_fill(~mask, float("-inf"))
         weights = F.softmax(scores, dim=-1)  # row t: 1/(t+1) up to t, then 0
         return (weights @ x.unsqueeze(1)).view(B, T, C)  # (B, T, C): x as the values of one head
 
@@ -86,9 +88,10 @@ class CausalAverage(nn.Module):
 
 
 def attention(q, k, v, mask=None, scores=None):
-    """(output (..., T, hs), weights (..., T, S)) for queries q (..., T, hs), keys and values k, v (..., S, hs).
-    q·k / sqrt(hs) keeps the scores at unit variance, so the softmax does not saturate into one-hot; a key
-    a query may not see gets -inf, so weight 0. scores (..., T, S): other scores of q and k, to use instead."""
+    """(output (..., T, hs), weights (..., T, S)) for queries q (..., T, hs), keys and values k, v
+    (..., S, hs). q·k / sqrt(hs) keeps the scores at unit variance, so the softmax does not
+    saturate into one-hot; a key a query may not see gets -inf, so weight 0. scores (..., T, S):
+    other scores of q and k, to use instead."""
     T, S = q.size(-2), k.size(-2)
     if scores is None:
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T, S)
@@ -107,7 +110,7 @@ class Head(nn.Module):
         self.query = nn.Linear(config.n_embd, head_size, bias=False)
         self.key = nn.Linear(config.n_embd, head_size, bias=False)
         self.value = nn.Linear(config.n_embd, head_size, bias=False)
-        self.weights = None  # the last attention weights, for a look at them (python -m tinygpt.plot)
+        self.weights = None  # the last attention weights, to look at (python -m tinygpt.plot)
 
     def forward(self, x, mask=None):
         q = self.query(x).unsqueeze(1)  # (B, 1, T, hs): one head, shaped as many will be
@@ -121,28 +124,34 @@ class Head(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """n_head Heads side by side, each n_embd / n_head wide, concatenated and projected back into the stream.
-    Their query, key and value matrices are stacked in one Linear, c_attn: one matmul for every head, not a
-    Python loop (tests/test_model.py checks that it equals the heads computed one by one).
+    """n_head Heads side by side, each n_embd / n_head wide, concatenated and projected back into
+    the stream. Their query, key and value matrices are stacked in one Linear, c_attn: one matmul
+    for every head, not a Python loop (tests/test_model.py checks that it equals the heads computed
+    one by one).
 
-    The options come in here: rope turns queries and keys by position, a KV cache (tinygpt/decoding.py)
-    adds earlier keys and values, additive scores replace q·k, and a fused kernel computes attention()."""
+    The options come in here: rope turns queries and keys by position, a KV cache
+    (tinygpt/decoding.py) adds earlier keys and values, additive scores replace q·k, and a fused
+    kernel computes attention()."""
 
     def __init__(self, config):
         super().__init__()
         self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # every head's q, k, v
+        # Every head's query, key and value, in one matrix.
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         # Dropout on what the heads add to the stream, none on their weights: dropping weights sends
-        # a CPU's fused attention back to the written-out math, each step 1.4x as long, for no better val.
+        # a CPU's fused attention back to the written-out math, each step 1.4x as long, for no
+        # better val.
         self.resid_dropout = nn.Dropout(config.dropout)
         self.fused = config.fused_attention
-        self.score_vector = score_vectors(config.n_head, config.head_size) if config.score == "additive" else None
+        additive = config.score == "additive"
+        self.score_vector = score_vectors(config.n_head, config.head_size) if additive else None
         self.keep_weights, self.weights = False, None
 
     def forward(self, x, mask=None, rope=None, cache=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (B, H, T, hs)
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # (B, T, 3, H, hs)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, hs)
         if rope is not None:  # turned by position: q·k then depends on the offset alone
             q, k = rotate(q, rope), rotate(k, rope)
         if cache is not None:  # after the keys and values of the positions before
@@ -171,25 +180,32 @@ class FeedForward(nn.Module):
         self.approximate = "tanh" if config.gelu == "tanh" else "none"
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))  # (B, T, C)
+        h = F.gelu(self.c_fc(x), approximate=self.approximate)  # (B, T, 4C)
+        return self.dropout(self.c_proj(h))  # (B, T, C)
 
 
 # --- Rungs 6 and 7: residual connections and LayerNorm --------------------------------------
 
 
+def layer_norm(config):
+    """A LayerNorm of the stream, or with `layernorm` off, nothing."""
+    return nn.LayerNorm(config.n_embd, bias=config.bias) if config.layernorm else nn.Identity()
+
+
 class Block(nn.Module):
-    """Communication (the mixer), then computation (the feed-forward). With `residual`, each adds to a
-    running stream, x + f(x), so the gradient has a direct path to the bottom of a deep stack. With
-    `layernorm`, each reads a normalized copy of the stream (pre-norm): a steady scale however deep."""
+    """Communication (the mixer), then computation (the feed-forward). With `residual`, each adds to
+    a running stream, x + f(x), so the gradient has a direct path to the bottom of a deep stack.
+    With `layernorm`, each reads a normalized copy of the stream (pre-norm): a steady scale however
+    deep."""
 
     def __init__(self, config):
         super().__init__()
-        norm = (lambda: nn.LayerNorm(config.n_embd, bias=config.bias)) if config.layernorm else nn.Identity
-        self.ln_1, self.ln_2 = norm(), norm()
+        self.ln_1, self.ln_2 = layer_norm(config), layer_norm(config)
         if config.mixer == "multihead":
             self.mixer = MultiHeadAttention(config)
         elif config.mixer == "head":  # one head, as wide as the stream
-            self.mixer = (AdditiveHead if config.score == "additive" else Head)(config, head_size=config.n_embd)
+            head = AdditiveHead if config.score == "additive" else Head
+            self.mixer = head(config, head_size=config.n_embd)
         else:
             self.mixer = CausalAverage() if config.mixer == "average" else None
         self.ffwd = FeedForward(config) if config.feedforward else None
@@ -210,7 +226,8 @@ class Block(nn.Module):
 
 
 def sinusoidal_positions(block_size, n_embd):
-    """(block_size, n_embd) fixed encodings ("Attention Is All You Need"): sines in even channels, cosines in odd."""
+    """(block_size, n_embd) fixed encodings ("Attention Is All You Need"): sines in even channels,
+    cosines in odd."""
     pos = torch.arange(block_size).float()[:, None]  # (T, 1)
     freq = torch.exp(torch.arange(0, n_embd, 2).float() * (-math.log(10000.0) / n_embd))  # (C/2,)
     table = torch.zeros(block_size, n_embd)
@@ -229,25 +246,28 @@ class GPT(nn.Module):
         if config.pos == "learned":
             self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position -> vector
         elif config.pos == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_positions(config.block_size, config.n_embd), persistent=False)
+            table = sinusoidal_positions(config.block_size, config.n_embd)
+            self.register_buffer("pos_table", table, persistent=False)
         elif config.pos == "rope":
             self.register_buffer("rope_rates", rope_rates(config.head_size), persistent=False)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias) if config.layernorm else nn.Identity()
+        self.ln_f = layer_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:  # one matrix reads tokens in and writes them out
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
-        # GPT-2: each block adds to the stream twice; smaller projections keep its variance from growing.
+        # GPT-2: each block adds to the stream twice; smaller projections keep its variance from
+        # growing.
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight") and config.residual:
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * max(config.n_layer, 1)))
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear) and not self.config.residual:
-            # Without residual connections each layer's output is the next one's only input: std 0.02 shrinks
-            # it 1000x a block, to denormal floats (slow) and a loss stuck at ln(V). 1/sqrt(fan_in) keeps its scale.
+            # Without residual connections each layer's output is the next one's only input: std
+            # 0.02 shrinks it 1000x a block, to denormal floats (slow) and a loss stuck at ln(V).
+            # 1/sqrt(fan_in) keeps its scale.
             nn.init.normal_(module.weight, mean=0.0, std=1 / math.sqrt(module.in_features))
         elif isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -258,9 +278,10 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, valid=None, cache=None, last_only=False):
-        """idx (B, T) token ids -> logits (B, T, V), and the mean cross-entropy loss given targets (B, T).
-        For decoding: valid (B, T) marks the real tokens of left-padded prompts; cache, a KVCache, holds the
-        keys and values of the positions before idx; last_only: the last position's logits (B, 1, V) alone."""
+        """idx (B, T) token ids -> logits (B, T, V), and the mean cross-entropy loss given targets
+        (B, T). For decoding: valid (B, T) marks the real tokens of left-padded prompts; cache, a
+        KVCache, holds the keys and values of the positions before idx; last_only: the last
+        position's logits (B, 1, V) alone."""
         pos, mask = where_tokens_are(self, idx, valid, cache)  # training: 0 to T - 1, and causal
         rope = rope_tables(pos, self.rope_rates) if self.config.pos == "rope" else None
         x = self.wte(idx)  # (B, T, C)
@@ -273,52 +294,60 @@ class GPT(nn.Module):
             x = block(x, mask, rope, cache)  # (B, T, C)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
-        logits = self.lm_head(self.ln_f(x))[..., : self.config.real_vocab_size]  # (B, T, V): padding never sampled
+        # (B, T, V): the padded vocabulary's extra rows cut off, never sampled
+        logits = self.lm_head(self.ln_f(x))[..., : self.config.real_vocab_size]
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+            flat = logits.reshape(-1, logits.size(-1)).float()  # (B * T, V)
+            loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
 
 # --- Beside the main path ---------------------------------------------------------------------
-# What the lesson calls by name: rotary positions, which keys each token may see (windows, padding, the
-# KV cache's positions), PyTorch's fused attention, additive scores, and the checks of a config.
+# What the lesson calls by name: rotary positions, which keys each token may see (windows, padding,
+# the KV cache's positions), PyTorch's fused attention, additive scores, and the checks of a config.
 
 
 def rope_rates(head_size, base=10000.0):
-    """(hs,): rotary positions' (RoPE) turning rates. Channels i and i + hs/2 turn together, by base^(-2i/hs)
-    per position, so q·k depends on the offset t - s alone. The first half is negated: sin(-a) = -sin(a)
-    puts the rotation's minus sign into the sin table, so rotate() needs no sign of its own."""
+    """(hs,): rotary positions' (RoPE) turning rates. Channels i and i + hs/2 turn together, by
+    base^(-2i/hs) per position, so q·k depends on the offset t - s alone. The first half is
+    negated: sin(-a) = -sin(a) puts the rotation's minus sign into the sin table, so rotate()
+    needs no sign of its own."""
     freq = base ** (-torch.arange(0, head_size, 2).float() / head_size)  # (hs/2,)
     return torch.cat([-freq, freq])
 
 
-def rope_tables(pos, rates):  # (cos, sin), each (T, hs): the angles rotate() turns positions pos (T,) by
+def rope_tables(pos, rates):  # (cos, sin), each (T, hs): the angles rotate() turns positions pos by
     angles = pos[:, None] * rates  # (T, hs)
     return angles.cos(), angles.sin()
 
 
 def rotate(x, rope):
-    """x (..., T, hs) with each pair (x1, x2) turned by its angle: (x1 cos - x2 sin, x1 sin + x2 cos); roll swaps
-    the halves. In x's dtype: fp32 tables would promote a bf16 step to fp32, 5% slower on a CPU."""
+    """x (..., T, hs) with each pair (x1, x2) turned by its angle: (x1 cos - x2 sin, x1 sin + x2
+    cos); roll swaps the halves. In x's dtype: fp32 tables would promote a bf16 step to fp32, 5%
+    slower on a CPU."""
     cos, sin = (table.to(x.dtype) for table in rope)  # each (T, hs), from rope_tables
-    return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), sin)  # x cos + roll(x) sin, (..., T, hs)
+    # x cos + roll(x) sin, (..., T, hs)
+    return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), sin)
 
 
 def where_tokens_are(model, idx, valid=None, cache=None):
-    """(pos, mask) for idx (B, T), the tokens after the cache's. pos (T,) or (B, T): each token's position, from
-    its row's first real token (valid (B, T) marks those of left-padded prompts). mask (T, S), (B, 1, T, S) or None:
-    the keys each query may see. cache.advance(valid, T) makes room for T positions and returns the validity of
-    all S (None: no padding); len(cache) is S; cache.seen counts positions ever added, .dropped those slid past."""
+    """(pos, mask) for idx (B, T), the tokens after the cache's. pos (T,) or (B, T): each token's
+    position, from its row's first real token (valid (B, T) marks those of left-padded prompts).
+    mask (T, S), (B, 1, T, S) or None: the keys each query may see. cache.advance(valid, T) makes
+    room for T positions and returns the validity of all S (None: no padding); len(cache) is S;
+    cache.seen counts positions ever added, .dropped those slid past."""
     config, T, past = model.config, idx.size(1), 0 if cache is None else cache.seen
     relative = config.pos == "rope"  # offsets only: past block_size too
-    if (past + T > config.block_size and not relative) or (cache is not None and T > config.block_size):
-        raise ValueError(f"sequence of {past + T} tokens is longer than block_size {config.block_size}")
+    if past + T > config.block_size and not relative or cache is not None and T > config.block_size:
+        raise ValueError(f"sequence of {past + T} tokens is longer than block_size "
+                         f"{config.block_size}")
     all_valid = valid if cache is None else cache.advance(valid, T)  # (B, S), or None
     if all_valid is None or relative:
         pos = torch.arange(past, past + T, device=idx.device)  # (T,)
     else:  # from each row's first real token, and past those a window's cache slid by
-        pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, -T:] + (0 if cache is None else cache.dropped)
+        pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, -T:]  # (B, T)
+        pos = pos + (0 if cache is None else cache.dropped)
     band = causal_mask(config, T, T if cache is None else len(cache), idx.device)  # (T, S), or None
     if all_valid is None:
         return pos, band
@@ -327,9 +356,10 @@ def where_tokens_are(model, idx, valid=None, cache=None):
 
 
 def causal_mask(config, T, S, device):
-    """(T, S) for the last T of S positions: each query sees the keys up to itself, its `window` newest at most
-    (block_size's without one). None where the fused kernel needs no mask (T == S within the window, or one
-    query); the written-out attention always gets it, so a traced graph (ONNX) cuts the window at any length."""
+    """(T, S) for the last T of S positions: each query sees the keys up to itself, its `window`
+    newest at most (block_size's without one). None where the fused kernel needs no mask (T == S
+    within the window, or one query); the written-out attention always gets it, so a traced graph
+    (ONNX) cuts the window at any length."""
     span = config.window or config.block_size
     needed = S > span or T not in (1, S) or not config.fused_attention
     return tril_mask(T, S, device).triu(diagonal=S - T - span + 1) if needed else None
@@ -345,8 +375,9 @@ def padding_mask(valid, T):
 
 
 def fused_attention(q, k, v, mask=None):
-    """attention()'s output from PyTorch's fused kernel, which keeps no weights (no mask: causal, or one query).
-    On a CPU under bf16 autocast it runs in fp32: its bf16 backward there takes ~5x as long."""
+    """attention()'s output from PyTorch's fused kernel, which keeps no weights (no mask: causal, or
+    one query). On a CPU under bf16 autocast it runs in fp32: its bf16 backward there takes ~5x as
+    long."""
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
             return fused_attention(q.float(), k.float(), v.float(), mask)
@@ -354,14 +385,15 @@ def fused_attention(q, k, v, mask=None):
 
 
 def additive_scores(q, k, score_vector):
-    """Additive (Bahdanau) scores wᵀ tanh(q + k), (B, H, T, S), for q (B, H, T, hs) and k (B, H, S, hs);
-    score_vector (H * hs,) holds each head's w. The backward keeps its (B, H, T, S, hs) intermediate, which
-    no fused kernel avoids: batch 64, block 256, 6 heads of 64 need 6.4 GB a layer, not 0.1."""
+    """Additive (Bahdanau) scores wᵀ tanh(q + k), (B, H, T, S), for q (B, H, T, hs) and k
+    (B, H, S, hs); score_vector (H * hs,) holds each head's w. The backward keeps its
+    (B, H, T, S, hs) intermediate, which no fused kernel avoids: batch 64, block 256, 6 heads of 64
+    need 6.4 GB a layer, not 0.1."""
     hidden = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))  # (B, H, T, S, hs)
     return torch.einsum("bhtsd,hd->bhts", hidden, score_vector.view(q.size(1), -1))  # (B, H, T, S)
 
 
-def score_vectors(n_head, head_size):  # additive_scores' w, flat: a vector, so no weight decay and no Muon
+def score_vectors(n_head, head_size):  # additive_scores' w, flat: a vector, no weight decay or Muon
     return nn.Parameter(torch.randn(n_head * head_size) / math.sqrt(head_size))
 
 
@@ -373,14 +405,15 @@ class AdditiveHead(Head):
         self.score_vector = score_vectors(1, head_size)
 
     def forward(self, x, mask=None):
-        q, k, v = (f(x).unsqueeze(1) for f in (self.query, self.key, self.value))  # each (B, 1, T, hs)
-        out, self.weights = attention(q, k, v, mask, additive_scores(q, k, self.score_vector))  # (B, 1, T, hs)
+        q, k, v = (f(x).unsqueeze(1) for f in (self.query, self.key, self.value))  # (B, 1, T, hs)
+        scores = additive_scores(q, k, self.score_vector)  # (B, 1, T, T)
+        out, self.weights = attention(q, k, v, mask, scores)  # (B, 1, T, hs)
         return out.squeeze(1)  # (B, T, hs)
 
 
 def check_config(config):
     """A ValueError for switches that cannot go together, or sizes that cannot be."""
-    for name, allowed in (("mixer", MIXERS), ("pos", POSITIONS), ("gelu", GELUS), ("score", SCORES)):
+    for name, allowed in ("mixer", MIXERS), ("pos", POSITIONS), ("gelu", GELUS), ("score", SCORES):
         if getattr(config, name) not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {getattr(config, name)!r}")
     for name in ("vocab_size", "block_size", "n_embd"):
@@ -389,12 +422,17 @@ def check_config(config):
     if config.mixer == "multihead" and config.n_embd % config.n_head != 0:
         raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head ({config.n_head})")
     if config.pos == "rope" and (config.mixer != "multihead" or config.head_size % 2):
-        raise ValueError(f"pos 'rope' turns pairs of query and key channels: it needs mixer multihead and an "
-                         f"even head size, got mixer {config.mixer!r}, head size {config.head_size}")
-    if config.score == "additive" and (config.pos == "rope" or config.mixer not in ("head", "multihead")):
-        raise ValueError(f"score 'additive' needs mixer head or multihead and a pos other than rope (whose angles "
-                         f"cancel in q·k, not in q + k); got mixer {config.mixer!r}, pos {config.pos!r}")
+        raise ValueError(f"pos 'rope' turns pairs of query and key channels: it needs mixer "
+                         f"multihead and an even head size, got mixer {config.mixer!r}, head size "
+                         f"{config.head_size}")
+    heads = config.mixer in ("head", "multihead")
+    if config.score == "additive" and (config.pos == "rope" or not heads):
+        raise ValueError("score 'additive' needs mixer head or multihead and a pos other than rope "
+                         "(whose angles cancel in q·k, not in q + k); got mixer "
+                         f"{config.mixer!r}, pos {config.pos!r}")
     if not 0 <= config.window <= config.block_size:
-        raise ValueError(f"window must be 0 (all keys) to block_size ({config.block_size}), got {config.window}")
+        raise ValueError(f"window must be 0 (all keys) to block_size ({config.block_size}), got "
+                         f"{config.window}")
     if config.real_vocab_size is not None and not 1 <= config.real_vocab_size <= config.vocab_size:
-        raise ValueError(f"real_vocab_size must be 1 to vocab_size ({config.vocab_size}), got {config.real_vocab_size}")
+        raise ValueError(f"real_vocab_size must be 1 to vocab_size ({config.vocab_size}), got "
+                         f"{config.real_vocab_size}")
