@@ -58,7 +58,7 @@ class TrainConfig:
     batch_size: int = option(AUTO, "sequences per micro-batch", low=1)
     grad_accum: int = option(1, "micro-batches per step", low=1)
     max_iters: int = option(AUTO, "optimizer steps (auto: what max_time allows)", low=0)
-    max_time: str = option(AUTO, "90s, 5m, 2h, none (auto: 5m where anything is auto)")
+    max_time: str = option(AUTO, "90s, 5m, 2h or none (auto: 5m if max_iters is auto)")
     optimizer: str = option(AUTO, "muon: Muon for block matrices", choices=("adamw", "muon"))
     learning_rate: float = option(1.5e-3, "peak learning rate", above=0)
     min_lr: float = option(0.0, "learning rate at the end", low=0)
@@ -147,12 +147,12 @@ def set_up(cfg, procs, lock, ckpt):
             lock.acquire()  # a run that fails to start changes nothing
         meta, splits = data = dataset.load_data(cfg.data_dir)
         pretrained = None
-        if ckpt is None and saved(cfg).exists() and not cfg.overwrite:
-            raise UserError(f"{saved(cfg)} exists; continue it with --init_from=resume, start "
-                            "over with --overwrite=true, or pick another --out_dir")
         if cfg.init_from not in ("scratch", "resume"):  # fine-tuning: the shape is the weights'
             pretrained = weights.load_weights(cfg.init_from, cfg.out_dir)
             cfg = weights.finetune_settings(pretrained, cfg, meta)
+        if ckpt is None and saved(cfg).exists() and not cfg.overwrite:
+            raise UserError(f"{saved(cfg)} exists; continue it with --init_from=resume, start "
+                            "over with --overwrite=true, or pick another --out_dir")
         dtype = device.pick_dtype(cfg.dtype, procs.device_type, training=True)
         cfg = dataclasses.replace(cfg, dtype=device.NAMES[dtype])
     if AUTO in (getattr(cfg, k) for k in budget.CHOSEN):  # chosen for the data and the time

@@ -260,11 +260,12 @@ def test_a_bad_duration_is_a_user_error(text):
         budget.parse_duration(text)
 
 
-def test_max_time_is_five_minutes_where_anything_is_auto_and_none_for_a_preset():
+def test_max_time_is_five_minutes_where_max_iters_is_auto_and_else_none():
     assert budget.max_time(train.TrainConfig()) == budget.DEFAULT_BUDGET
     preset = train.load_config(train.TrainConfig, [TINY])
     assert budget.max_time(preset) == "none"  # a preset sets everything: a run of its steps
     assert budget.max_time(dataclasses.replace(preset, max_iters=AUTO)) == budget.DEFAULT_BUDGET
+    assert budget.max_time(dataclasses.replace(preset, n_layer=AUTO)) == "none"  # sized, for its steps
     assert budget.max_time(dataclasses.replace(preset, max_time="1m")) == "1m"
 
 

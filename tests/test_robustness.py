@@ -144,8 +144,9 @@ class Filling:
 
 
 def test_a_checkpoint_write_on_a_full_disk_exits_2_keeps_the_previous_one_and_resumes(
-        data_dir, lone, tmp_path, monkeypatch, capsys):
-    assert train.main(train_args(data_dir, tmp_path, "--max_iters=4")) == 0
+        data_dir, lone, tmp_path, monkeypatch, capsys, stop_at):
+    stop_at(4)  # a run stopped at iteration 4, to be resumed
+    assert train.main(train_args(data_dir, tmp_path)) == 128 + signal.SIGTERM
     before = (tmp_path / "ckpt.pt").read_bytes()
     monkeypatch.setattr(files, "open", FullDisk(free=20_000).open, raising=False)  # log lines fit, a checkpoint not
     capsys.readouterr()
@@ -161,8 +162,9 @@ def test_a_checkpoint_write_on_a_full_disk_exits_2_keeps_the_previous_one_and_re
 
 
 def test_a_log_line_on_a_full_disk_is_not_written_in_part_and_the_run_resumes(
-        data_dir, lone, tmp_path, monkeypatch, capsys):
-    assert train.main(train_args(data_dir, tmp_path, "--max_iters=4")) == 0
+        data_dir, lone, tmp_path, monkeypatch, capsys, stop_at):
+    stop_at(4)  # a run stopped at iteration 4, to be resumed
+    assert train.main(train_args(data_dir, tmp_path)) == 128 + signal.SIGTERM
     log = (tmp_path / "log.jsonl").read_bytes()
     # Room for the log as it is (a resume rewrites it) and one line and a half more.
     monkeypatch.setattr(files, "open", FullDisk(free=len(log) + 200).open, raising=False)
@@ -177,16 +179,18 @@ def test_a_log_line_on_a_full_disk_is_not_written_in_part_and_the_run_resumes(
     assert computed(tmp_path) == computed(lone)
 
 
-def test_a_resume_drops_a_last_log_line_cut_short(data_dir, lone, tmp_path):
-    assert train.main(train_args(data_dir, tmp_path, "--max_iters=4")) == 0
+def test_a_resume_drops_a_last_log_line_cut_short(data_dir, lone, tmp_path, stop_at):
+    stop_at(4)  # a run stopped at iteration 4, to be resumed
+    assert train.main(train_args(data_dir, tmp_path)) == 128 + signal.SIGTERM
     with open(tmp_path / "log.jsonl", "a") as f:
         f.write('{"iter": 5, "loss": 3.14')  # as a power cut leaves it
     assert train.main(train_args(data_dir, tmp_path, "--init_from=resume")) == 0
     assert computed(tmp_path) == computed(lone)
 
 
-def test_a_damaged_line_inside_the_log_is_named_on_resume(data_dir, tmp_path, capsys):
-    assert train.main(train_args(data_dir, tmp_path, "--max_iters=4")) == 0
+def test_a_damaged_line_inside_the_log_is_named_on_resume(data_dir, tmp_path, capsys, stop_at):
+    stop_at(4)  # a run stopped at iteration 4, to be resumed
+    assert train.main(train_args(data_dir, tmp_path)) == 128 + signal.SIGTERM
     lines = (tmp_path / "log.jsonl").read_text().splitlines(keepends=True)
     (tmp_path / "log.jsonl").write_text("".join([lines[0], "not json\n", *lines[1:]]))
     capsys.readouterr()

@@ -54,10 +54,10 @@ def parse_duration(text):
 
 
 def max_time(cfg):
-    """cfg.max_time, or for auto: DEFAULT_BUDGET where anything is left to choose, else none."""
+    """cfg.max_time, or for auto: DEFAULT_BUDGET where max_iters is auto too, else none."""
     if cfg.max_time != AUTO:
         return cfg.max_time
-    return DEFAULT_BUDGET if AUTO in (cfg.max_iters, *(getattr(cfg, k) for k in SIZED)) else "none"
+    return DEFAULT_BUDGET if cfg.max_iters == AUTO else "none"
 
 
 # --- The rule -----------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def fill_auto(cfg, sizes, measure, age):
     tokens, val tokens, vocabulary); measure(cfg): (seconds per step, per forward pass of a batch, the seconds
     measuring took) of a new model of cfg on every process, rank 0's; age: rank 0's seconds since it started."""
     cfg, chose, reason, per_token = dataclasses.replace(cfg, max_time=max_time(cfg)), {}, "", None
-    left = (parse_duration(cfg.max_time) or parse_duration(DEFAULT_BUDGET)) - age
+    left = (parse_duration(cfg.max_time) or parse_duration(DEFAULT_BUDGET)) - age  # none: sized for 5m
     if any(getattr(cfg, k) == AUTO for k in SIZED):
         chose, reason, per_token = size_run(cfg, sizes, measure, left)
     chose |= follow(dataclasses.replace(cfg, **chose), sizes, per_token, left)
