@@ -158,7 +158,7 @@ def set_up(cfg, procs, lock, ckpt):
     if AUTO in (getattr(cfg, k) for k in budget.CHOSEN):  # chosen for the data and the time
         sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
         age = procs.broadcast((system.process_age(),))[0]  # rank 0's: all choose alike
-        cfg, chosen = budget.fill_auto(cfg, sizes, lambda c: measure(c, data, procs), age)
+        cfg, chosen = budget.fill_auto(cfg, sizes, lambda c: measure(c, data, procs), age, procs.world)
         procs.say(chosen)
     seconds = cfg.max_time != AUTO and budget.parse_duration(cfg.max_time)  # a preset's auto: none
     if seconds and ckpt is None:  # a new timed run has what is left of its time, by rank 0's clock
@@ -290,7 +290,8 @@ def agree(run, stop, bad, spent):
     mine = (spent if run.procs.master else 0.0, stop.signum or 0, bad is not None)
     run.spent, signum, failed = run.procs.all_max(mine)
     if failed:
-        raise UserError(f"loss is {bad or 'not finite on another process'}; the last good "
+        bad = bad or f"not finite on another process by iteration {run.it}"
+        raise UserError(f"loss is {bad}; the last good "
                         f"checkpoint is kept in {run.cfg.out_dir}. Try a lower --learning_rate, "
                         "or bfloat16 instead of float16")
     return int(signum)

@@ -2,7 +2,7 @@
 
     python bench/ladder.py                 # the CPU budget (the presets as written): rungs 1-8 in 30 minutes, 2 cores
     python bench/ladder.py --budget=gpu    # the 5000-step reference settings (block 256, 384 wide)
-    python bench/ladder.py --rungs=3,4 --max_iters=500 --lr_decay_iters=500 --out=out/try   # train.py's options
+    python bench/ladder.py --rungs=3,4 --max_iters=500 --out=out/try   # train.py's options pass through
 
 Each rung trains with train.py into OUT/RUNG, in a process of its own so that its
 peak memory is its own. Then the table (rung, parameters, final train and val loss,
@@ -49,7 +49,7 @@ PRESETS = ROOT / "config" / "ladder"
 BUDGETS = {
     "cpu": {},
     "gpu": {"device": "auto", "n_embd": 384, "n_head": 6, "block_size": 256, "batch_size": 64,
-            "max_iters": 5000, "lr_decay_iters": 5000, "eval_interval": 250},
+            "max_iters": 5000, "eval_interval": 250},
 }
 GPU_DEEP_LAYERS = 6  # on the GPU budget the residual rungs get the reference's depth; the others keep theirs
 # Dropout suits the GPU budget, where the 10M model overfits, and not the CPU one, where the 0.8M

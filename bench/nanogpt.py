@@ -205,7 +205,7 @@ def device_peak():
 
 
 def training(cfg, mode, work, nano, data_dir):
-    steps = [f"--max_iters={cfg.iters}", f"--lr_decay_iters={cfg.iters}"] if cfg.iters else []
+    steps = [f"--max_iters={cfg.iters}"] if cfg.iters else []  # ours decays over max_iters; nanoGPT is told
     results = {}
     for repeat in range(cfg.repeats):
         for spec in cfg.runs or ["nanogpt", *mode["ours"]]:
@@ -214,7 +214,7 @@ def training(cfg, mode, work, nano, data_dir):
             run_dir.mkdir(parents=True, exist_ok=True)
             print(f"[{repeat + 1}/{cfg.repeats}] {name}", flush=True)
             if name == "nanogpt":
-                result = train_nanogpt(nano, run_dir, mode, steps)
+                result = train_nanogpt(nano, run_dir, mode, steps + [f"--lr_decay_iters={cfg.iters}"] * bool(steps))
             elif args or name in mode["ours"]:
                 result = train_ours(args.split() if args else mode["ours"][name], data_dir, run_dir, mode, steps)
             else:

@@ -72,7 +72,7 @@ def parse_run(spec):
 def train(args, run_dir, cfg):
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    schedule = [f"--max_iters={cfg.iters}", f"--lr_decay_iters={cfg.iters}"] if cfg.iters else []
+    schedule = [f"--max_iters={cfg.iters}"] if cfg.iters else []  # the schedule decays over max_iters
     cmd = [sys.executable, "train.py", *args, *schedule, "--eval_iters=0", f"--eval_interval={cfg.eval_interval}",
            "--log_interval=1", f"--out_dir={run_dir}"]
     env = {**os.environ, **({"OMP_NUM_THREADS": str(cfg.threads)} if cfg.threads else {})}

@@ -1,7 +1,6 @@
 """The CUDA and multi-process decisions that can be checked without a GPU: the peak each GPU's MFU is
-measured against, MFU over many processes, TF32 and the GPU a lone process trains on, a dtype picked
-again (and compiling off) when a run moves to another kind of device, fp16's scaler on a resume, and
-sizing for several processes. What only a GPU can show is listed in docs/results.md."""
+measured against, MFU over many processes, TF32 and the GPU a lone process trains on, a resumed run's
+dtype and compiling, fp16's scaler on a resume, and sizing for several processes. What only a GPU can show is listed in docs/results.md."""
 
 import dataclasses
 import json
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 import train
-from tinygpt import budget, device, files, weights
+from tinygpt import budget, device, files
 
 TINY = "config/tiny.toml"
 
@@ -58,23 +57,12 @@ def test_a_lone_process_trains_on_the_gpu_it_names_with_tf32(monkeypatch, name, 
         torch.backends.cuda.matmul.fp32_precision = before
 
 
-@pytest.mark.parametrize("then, now, given, expected", [
-    ("cpu", "cuda", {}, "auto"),  # begun on a CPU in fp32, resumed on a GPU: picked again there
-    ("cpu", "cpu", {}, "float32"),  # the same kind of device: kept
-    ("cpu", "cuda", {"dtype": "command line"}, "bfloat16"),  # what the command line says, always
-])
-def test_a_resumed_run_picks_its_dtype_again_only_on_another_kind_of_device(then, now, given, expected):
-    ckpt = {"train_config": {"dtype": "float32"}, "device_type": then}
-    cfg = train.TrainConfig(dtype="bfloat16" if given else "auto")
-    assert weights.resumed_config(ckpt, cfg, given, now).dtype == expected
-
-
-def test_a_run_compiled_on_a_gpu_and_resumed_on_a_cpu_runs_uncompiled_there():
-    ckpt = {"train_config": {"compile": True}, "device_type": "cuda"}
-    assert not weights.resumed_config(ckpt, train.TrainConfig(), {}, "cpu").compile
-    assert weights.resumed_config(ckpt, train.TrainConfig(), {}, "cuda").compile  # the same kind of device: kept
-    given = weights.resumed_config(ckpt, train.TrainConfig(compile=True), {"compile": "command line"}, "cpu")
-    assert given.compile  # what the command line says, always
+def test_a_resumed_run_keeps_the_dtype_and_compiling_it_trained_with_unless_the_command_line_says():
+    own = {"dtype": "bfloat16", "compile": True}  # a run begun on a GPU
+    assert (train.load_config(train.TrainConfig, [], base=own).dtype, train.load_config(
+        train.TrainConfig, [], base=own).compile) == ("bfloat16", True)
+    moved = train.load_config(train.TrainConfig, ["--dtype=float32", "--compile=false"], base=own)
+    assert (moved.dtype, moved.compile) == ("float32", False)  # resumed on a CPU, as asked
 
 
 def test_a_run_resumed_in_float16_starts_its_loss_scaling_afresh(data_dir, tmp_path):
@@ -85,54 +73,15 @@ def test_a_run_resumed_in_float16_starts_its_loss_scaling_afresh(data_dir, tmp_p
     assert files.load_checkpoint(tmp_path / "ckpt.pt")["scaler"]["scale"] > 0
 
 
-def test_sizing_for_two_processes_counts_both(monkeypatch):
-    cfg = train.TrainConfig()
+def test_sizing_for_two_processes_counts_both():
+    cfg = train.TrainConfig(max_time="1m")
 
     def sized(world):
-        chosen = budget.size_run(cfg, {}, (100_000, 10_000, 65), 60.0, world, lambda c: (0.05, 0.5))[0]
+        chosen, _, _ = budget.size_run(cfg, (100_000, 10_000, 65), lambda c: (0.05, 0.001, 0.1), 60.0, world)
+        chosen = dataclasses.replace(cfg, **chosen)
         return chosen, budget.most_steps(100_000, world * chosen.batch_size * chosen.block_size)
 
     (one, one_steps), (two, two_steps) = sized(1), sized(2)
     assert budget.block_params(two.n_layer, two.n_embd) >= budget.block_params(one.n_layer, one.n_embd)
     tokens = [c.batch_size * c.block_size * w * steps for c, w, steps in ((one, 1, one_steps), (two, 2, two_steps))]
     assert tokens[1] == pytest.approx(tokens[0], rel=0.05)  # the passes cap counts every process's batches
-
-
-def sized_on(device_name, max_time="5m", **given):
-    """The settings size_for_data picks for a text of 1M tokens on device_name, its steps timed at 50 ms
-    (eager), at the start of the budget's clock."""
-    cfg = dataclasses.replace(train.TrainConfig(max_time=max_time), **given)
-    sources = {"max_time": "command line", **dict.fromkeys(given, "command line")}
-    data = ({"vocab_size": 65}, {"train": range(1_000_000), "val": range(100_000)})
-    procs, time_budget = device.Processes(0, 1, device_name), budget.Budget(cfg, sources)
-    return budget.size_for_data(cfg, sources, data, procs, time_budget, lambda c: (0.05, 0.5))
-
-
-def shape(cfg):
-    return cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.batch_size
-
-
-def eager_choice(seconds):
-    return budget.size_run(train.TrainConfig(), {}, (1_000_000, 100_000, 65), seconds, 1, lambda c: (0.05, 0.5))[0]
-
-
-def test_a_timed_run_with_no_preset_compiles_on_a_gpu_where_the_time_repays_it(monkeypatch):
-    monkeypatch.setattr(budget, "process_age", lambda: 0.0)
-    monkeypatch.setattr(budget, "compiler_missing", lambda device_type: None)  # as if triton were installed
-    speedup, compiling = budget.COMPILING["cuda"]
-    gpu = sized_on("cuda:0", "200s")
-    assert gpu.compile and sized_on("cuda:0").compile
-    # its sizing counts the seconds compiling takes and the faster steps they buy
-    assert shape(gpu) == shape(eager_choice((200 - compiling) * speedup)) != shape(eager_choice(200))
-    too_short = f"{compiling * speedup / (speedup - 1) - 1:.0f}s"  # where (left - compiling) * speedup < left
-    for eager in (sized_on("cuda:0", too_short), sized_on("cuda:0", compile=False), sized_on("cuda:0", max_iters=50),
-                  sized_on("cpu"), sized_on("mps")):
-        assert not eager.compile
-    assert shape(sized_on("cpu")) == shape(eager_choice(300))
-
-
-def test_a_gpu_without_triton_is_not_chosen_to_compile(monkeypatch):
-    monkeypatch.setattr(budget, "process_age", lambda: 0.0)
-    monkeypatch.setattr(device.importlib.util, "find_spec", lambda name: None)
-    assert "triton" in device.compiler_missing("cuda")
-    assert not sized_on("cuda:0").compile

@@ -140,28 +140,29 @@ def eval_batches(cfg, val_tokens, per_token=None, seconds=None):
 # --- Filling what is auto -------------------------------------------------------------------
 
 
-def fill_auto(cfg, sizes, measure, age):
+def fill_auto(cfg, sizes, measure, age, world=1):
     """(cfg with every setting of CHOSEN left auto chosen, and max_time; a line saying which and why). sizes: (train
     tokens, val tokens, vocabulary); measure(cfg): (seconds per step, per forward pass of a batch, the seconds
-    measuring took) of a new model of cfg on every process, rank 0's; age: rank 0's seconds since it started."""
+    measuring took) of a new model of cfg on each of world processes, rank 0's; age: rank 0's seconds since it
+    started."""
     cfg, chose, reason, per_token = dataclasses.replace(cfg, max_time=max_time(cfg)), {}, "", None
     left = (parse_duration(cfg.max_time) or parse_duration(DEFAULT_BUDGET)) - age  # none: sized for 5m
     if any(getattr(cfg, k) == AUTO for k in SIZED):
-        chose, reason, per_token = size_run(cfg, sizes, measure, left)
-    chose |= follow(dataclasses.replace(cfg, **chose), sizes, per_token, left)
+        chose, reason, per_token = size_run(cfg, sizes, measure, left, world)
+    chose |= follow(dataclasses.replace(cfg, **chose), sizes, per_token, left, world)
     said = ", ".join(f"{k}={v}" for k, v in chose.items())
     return dataclasses.replace(cfg, **chose), f"auto: {said}{reason}"
 
 
-def follow(cfg, sizes, per_token=None, seconds=None):
+def follow(cfg, sizes, per_token=None, seconds=None, world=1):
     """{setting: value} for what cfg leaves auto that follows from the rest: the steps (a timed run ends sooner) and
     the batches per evaluation (eval_batches)."""
-    rules = {"max_iters": lambda: most_steps(sizes[0], cfg.batch_size * cfg.grad_accum * cfg.block_size),
+    rules = {"max_iters": lambda: most_steps(sizes[0], world * cfg.batch_size * cfg.grad_accum * cfg.block_size),
              "eval_iters": lambda: eval_batches(cfg, sizes[1], per_token, seconds)}
     return {k: rule() for k, rule in rules.items() if getattr(cfg, k) == AUTO}
 
 
-def size_run(cfg, sizes, measure, seconds):
+def size_run(cfg, sizes, measure, seconds, world=1):
     """({setting: value} for what cfg leaves auto of SIZED, a reason, the forward pass's seconds per token): choose_run
     at the rate measured for its last choice, rounded to a power of two, until the choice stands (the rate grows with
     the model and batch) or comes back, or another timing would pass SIZING_SHARE of the seconds."""
@@ -172,8 +173,8 @@ def size_run(cfg, sizes, measure, seconds):
     while True:
         settings, reason = choose_run(*sizes, rate, USABLE * (1 - EVAL_SHARE) * seconds, given)
         trial = dataclasses.replace(cfg, **settings, **recipe)
-        trial = dataclasses.replace(trial, **follow(trial, sizes))
-        tokens = trial.batch_size * trial.grad_accum * trial.block_size
+        trial = dataclasses.replace(trial, **follow(trial, sizes, world=world))
+        tokens = world * trial.batch_size * trial.grad_accum * trial.block_size  # a step, on every process
         step_flops = tokens * model_flops_per_token(trial.n_layer, trial.n_embd, trial.block_size, sizes[2])
         if trial in tried or spent + took > SIZING_SHARE * seconds:
             break  # it came back, or another timing would take more than its share: chosen at the rate measured
