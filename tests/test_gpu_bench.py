@@ -26,7 +26,7 @@ def test_the_gpu_script_runs_every_part_it_can_on_a_cpu(tmp_path):
     assert figures["compiling"]["eager_ms"] > 0 and figures["compiling"]["compiled_ms"] > 0
     assert figures["bf16"]["ms_per_step"] > 0 and figures["bf16"]["best_val"] < 4.2  # ln(65): it learned
     assert figures["fp16"]["stop_exit"] == 143 and figures["fp16"]["resumed_to"] == 20
-    assert 0 < figures["auto"]["whole_val"] < 4.2 and figures["auto"]["sized"].startswith("no preset")
+    assert 0 < figures["auto"]["whole_val"] < 4.2 and figures["auto"]["sized"].startswith("auto: ")
     assert 0 < figures["auto"]["setup_s"] < 12  # to the first step, within the run's 12 s
     assert figures["sampling"]["ours"] > 0 and "nanogpt" not in figures["sampling"]  # no nanoGPT here
     assert figures["torchrun"]["backend"] == "gloo"
