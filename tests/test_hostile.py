@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import prepare
 import sample
 import train
 from model import GPT, GPTConfig
-from tinygpt import files, gpt2, weights
+from tinygpt import files, gpt2, score, textfiles, weights
 from tinygpt.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,6 +112,7 @@ def test_a_gpt2_directory_whose_config_is_wrong_is_one_line(tmp_path, capsys, co
         gpt2.gpt_config(gpt2.read_config(tmp_path), str(tmp_path))
 
 
+
 # --- Silent surprises ----------------------------------------------------------------------------------
 
 
@@ -200,6 +202,40 @@ def test_a_block_longer_than_the_text_is_refused_before_any_probe(data_dir, tmp_
     one_error_line(capsys, "block_size")
 
 
+def test_prepare_score_and_sample_read_crlf_cr_and_a_bom_as_the_same_text(finished_run, tmp_path, capsys,
+                                                                          monkeypatch):
+    text = "the cat sat on the mat.\na dog ran in the fog!\nto be or not to be?\n" * 40
+    variants = {"lf": text.encode(), "crlf": b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode(),
+                "cr": text.replace("\n", "\r").encode()}
+    monkeypatch.setattr(textfiles, "CHUNK_BYTES", 7)  # a \r at the end of one read, its \n at the start of the next
+    prepared, scored, sampled = {}, {}, {}
+    for name, data in variants.items():
+        (tmp_path / f"{name}.txt").write_bytes(data)
+        capsys.readouterr()
+        assert prepare.main(["--input", str(tmp_path / f"{name}.txt"), "--out_dir", str(tmp_path / name)]) == 0
+        said = capsys.readouterr().out
+        assert said.count("line endings \\r\\n and \\r read as \\n") == (name != "lf"), said  # said once
+        prepared[name] = [(tmp_path / name / f).read_bytes() for f in ("train.bin", "val.bin")]
+        prepared[name].append(json.loads((tmp_path / name / "meta.json").read_text(encoding="utf-8"))["vocab"])
+        assert score.main([f"--out_dir={finished_run}", f"--input={tmp_path / f'{name}.txt'}"]) == 0
+        scored[name] = capsys.readouterr().out.split(": ", 1)[1]  # past the file's name
+        assert sample.main([f"--out_dir={finished_run}", f"--start=FILE:{tmp_path / f'{name}.txt'}",
+                            "--max_new_tokens=5", "--temperature=0"]) == 0
+        sampled[name] = capsys.readouterr().out
+    assert "\r" not in prepared["crlf"][2] and "\ufeff" not in prepared["crlf"][2]
+    assert prepared["crlf"] == prepared["cr"] == prepared["lf"]
+    assert scored["crlf"] == scored["cr"] == scored["lf"] and scored["lf"].startswith(f"{len(text):,} characters")
+    assert sampled["crlf"] == sampled["cr"] == sampled["lf"] and sampled["lf"].startswith(text)
+
+
+def test_a_prompts_file_is_split_at_its_newlines_only(finished_run, tmp_path, capsys):
+    (tmp_path / "p.txt").write_text("the cat\x0csat\nthe dog\u2028ran\n", encoding="utf-8")  # a form feed, U+2028
+    assert sample.main([f"--out_dir={finished_run}", f"--prompts={tmp_path / 'p.txt'}", "--max_new_tokens=2",
+                        "--unknown=skip"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(sample.SEPARATOR) == 2 and "the catsat" in out and "the dogran" in out  # two prompts, not four
+
+
 # --- Messages that point the wrong way ----------------------------------------------------------------
 
 
@@ -264,3 +300,20 @@ def test_plotting_a_log_whose_evaluation_lacks_train_loss_is_one_line(tmp_path, 
     (tmp_path / "log.jsonl").write_text('{"iter": 0, "val_loss": 2.0}\n', encoding="utf-8")
     assert plot.main(["losses", str(tmp_path), f"--out={tmp_path / 'l.png'}"]) == 2
     one_error_line(capsys, "line 1", "train_loss")
+
+
+ENCODINGS = [("utf-16", "UTF-16"), ("utf-32", "UTF-32"), ("utf-16-le", "UTF-16LE"), ("utf-16-be", "UTF-16BE")]
+
+
+@pytest.mark.parametrize("codec, name", ENCODINGS, ids=[codec for codec, _ in ENCODINGS])
+def test_a_utf16_or_utf32_text_is_named_with_the_iconv_that_converts_it(finished_run, tmp_path, capsys, codec, name):
+    path = tmp_path / "notes.txt"
+    path.write_bytes("the cat sat on the mat.\n".encode(codec) * 50)  # with a byte order mark, or (LE, BE) without
+    convert = f"convert it: iconv -f {name} -t UTF-8 {path} > {tmp_path / 'notes-utf8.txt'}"
+    for main, args, what in [(prepare.main, ["--input", str(path), "--out_dir", str(tmp_path / "d")], "input file"),
+                             (score.main, [f"--out_dir={finished_run}", f"--input={path}"], "--input file"),
+                             (sample.main, [f"--out_dir={finished_run}", f"--prompts={path}"], "--prompts file")]:
+        capsys.readouterr()
+        assert main(args) == 2
+        one_error_line(capsys, f"{what} {path} is {name} text, not UTF-8; {convert}")
+    assert not (tmp_path / "d").exists()

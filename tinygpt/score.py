@@ -15,7 +15,8 @@ import torch
 from config import UserError, load_config, option
 from tinygpt.dataset import mean_loss
 from tinygpt.device import autocast, choose_device, pick_dtype
-from tinygpt.prompts import drop_unknown, read_text
+from tinygpt.prompts import drop_unknown
+from tinygpt.textfiles import read_text
 from tinygpt.weights import load_model
 
 
