@@ -30,7 +30,7 @@ import numpy as np
 
 from config import UserError, load_config, option
 from tinygpt.dataset import DATASET_FILES, META_FORMAT
-from tinygpt.files import staging_dir, swap_in, write_atomic, write_error
+from tinygpt.files import check_path, staging_dir, swap_in, write_atomic, write_error
 from tinygpt.textfiles import (
     CHUNK_BYTES,
     SHAKESPEARE_URL,
@@ -63,8 +63,7 @@ def main(argv):
         out_dir = Path(cfg.out_dir or default_out_dir(cfg.input[0], files, cfg.tokenizer))
     else:  # Tiny Shakespeare, downloaded into out_dir below
         files, out_dir = [], Path(cfg.out_dir or f"data/shakespeare_{cfg.tokenizer}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out_dir {out_dir} is a file, not a directory; pick another --out_dir")
+    check_path(str(out_dir), "--out_dir", directory=True)
     # A name that is not valid UTF-8 is shown with U+FFFD in its place (meta.json is UTF-8).
     source = ", ".join(os.fsencode(Path(name).name).decode("utf-8", "replace") for name in cfg.input) or "input.txt"
     # The new data set is built beside out_dir, then swapped in whole: a failure, Ctrl-C or a

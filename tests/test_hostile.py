@@ -14,7 +14,7 @@ import prepare
 import sample
 import train
 from model import GPT, GPTConfig
-from tinygpt import files, gpt2, score, textfiles, weights
+from tinygpt import export, files, gpt2, plot, score, textfiles, weights
 from tinygpt.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,6 +110,83 @@ def test_a_gpt2_directory_whose_config_is_wrong_is_one_line(tmp_path, capsys, co
                                           encoding="utf-8")
     with pytest.raises(train.UserError, match="config.json"):
         gpt2.gpt_config(gpt2.read_config(tmp_path), str(tmp_path))
+
+
+# A path no file can be at: a name too long for any file system, or a symbolic link that leads to itself.
+LONG = "a" * 100_000
+PATHS = [  # (script, its arguments with the path bad in them (run: a trained out_dir), the option the message names)
+    ("prepare", lambda run, data, bad: ["--input", bad], "--input"),
+    ("prepare", lambda run, data, bad: ["--input", text_of(data), "--out_dir", bad], "--out_dir"),
+    ("sample", lambda run, data, bad: [f"--out_dir={bad}"], "--out_dir"),
+    ("sample", lambda run, data, bad: [f"--out_dir={run}", f"--checkpoint={bad}"], "--checkpoint"),
+    ("sample", lambda run, data, bad: [f"--init_from={bad}"], "--init_from"),
+    ("sample", lambda run, data, bad: [f"--out_dir={run}", f"--start=FILE:{bad}"], "--start"),
+    ("sample", lambda run, data, bad: [f"--out_dir={run}", f"--prompts={bad}"], "--prompts"),
+    ("score", lambda run, data, bad: [f"--out_dir={run}", f"--input={bad}"], "--input"),
+    ("score", lambda run, data, bad: [f"--out_dir={bad}", f"--input={text_of(data)}"], "--out_dir"),
+    ("export", lambda run, data, bad: [f"--out_dir={bad}", f"--to={run}_hf"], "--out_dir"),
+    ("export", lambda run, data, bad: [f"--out_dir={run}", f"--to={bad}"], "--to"),
+    ("train", lambda run, data, bad: [TINY, f"--data_dir={data}", f"--init_from={bad}", f"--out_dir={run}_ft"],
+     "--init_from"),
+    ("plot", lambda run, data, bad: ["losses", bad, f"--out={run}.png"], "--runs"),
+    ("plot", lambda run, data, bad: ["losses", str(run), f"--out={bad}"], "--out"),
+]
+MAINS = {"prepare": prepare.main, "sample": sample.main, "score": score.main, "export": export.main,
+         "train": train.main, "plot": plot.main}
+
+
+def text_of(data_dir):
+    return str(Path(data_dir).parent / "input.txt")  # the text conftest's data_dir was prepared from
+
+
+@pytest.mark.parametrize("kind, says", [("long", "is too long a name"), ("loop", "is a loop of symbolic links")])
+@pytest.mark.parametrize("script, args, option", PATHS, ids=[f"{script}{option}" for script, _, option in PATHS])
+def test_a_path_no_file_can_be_at_is_one_error_line_naming_its_option(finished_run, data_dir, tmp_path, capsys,
+                                                                      kind, says, script, args, option):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    bad = str(tmp_path / (LONG if kind == "long" else "loop"))
+    capsys.readouterr()
+    assert MAINS[script](args(finished_run, data_dir, bad)) == 2
+    err = capsys.readouterr().err
+    one_error_line_in(err, f"error: {option}=", says)
+    assert len(err) < 500  # the name cut short
+
+
+def one_error_line_in(err, *fragments):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err[:1000]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0][:1000]
+
+
+def test_an_export_to_a_symbolic_link_loop_is_called_a_loop_not_another_export(finished_run, tmp_path, capsys):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    capsys.readouterr()
+    assert export.main([f"--out_dir={finished_run}", f"--to={tmp_path / 'loop'}"]) == 2
+    one_error_line(capsys, f"--to={tmp_path / 'loop'} is a loop of symbolic links; pick another --to")
+    assert os.readlink(tmp_path / "loop") == str(tmp_path / "loop")  # left as it was
+
+
+def test_check_path_says_why_a_data_dir_or_out_dir_cannot_be_used(tmp_path):
+    """What train.py's --data_dir and --out_dir are checked with, as prepare's, sample's and export's are."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "notes.txt").write_text("a file", encoding="utf-8")
+    for path, says in [(str(tmp_path / LONG), "is too long a name"), (str(tmp_path / "loop"), "is a loop"),
+                       (str(tmp_path / "notes.txt" / "run"), f"is inside {tmp_path / 'notes.txt'}, which is a file"),
+                       (str(tmp_path / "notes.txt"), "is a file, not a directory")]:
+        with pytest.raises(train.UserError, match="^--data_dir=.* " + says) as e:
+            files.check_path(path, "--data_dir", directory=True)
+        assert len(str(e.value)) < 400 and str(e.value).endswith("; pick another --data_dir")
+    files.check_path(str(tmp_path / "not" / "there" / "yet"), "--out_dir", directory=True)  # made when it is used
+
+
+@pytest.mark.parametrize("preset", [LONG + ".toml", "loop"], ids=["long", "loop"])
+def test_a_preset_no_file_can_be_at_is_one_error_line(tmp_path, capsys, preset):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert train.main([str(tmp_path / preset)]) == 2
+    err = capsys.readouterr().err
+    one_error_line_in(err, "error: config file", "cannot be read")
+    assert len(err) < 500
 
 
 

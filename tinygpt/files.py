@@ -1,8 +1,8 @@
-"""Writing files so that a failure, or a kill at any moment, loses nothing: a file replaced whole, a line appended
-whole, a directory swapped in whole. A run's out_dir, one run at a time; its log, and the log's copies in TensorBoard
-and W&B (--log_to); its checkpoints, loaded with weights_only=True: tensors and plain data, never code. Each function
-raises the OSError that stopped it, after undoing its own partial work, so the caller can say what failed (a full
-disk, no permission) and what was kept.
+"""The paths a user gives, each checked once before it is used (check_path); and writing files so that a failure, or a
+kill at any moment, loses nothing: a file replaced whole, a line appended whole, a directory swapped in whole. A
+run's out_dir, one run at a time; its log, and the log's copies in TensorBoard and W&B (--log_to); its checkpoints,
+loaded with weights_only=True: tensors and plain data, never code. Each function raises the OSError that stopped it,
+after undoing its own partial work, so the caller can say what failed (a full disk, no permission) and what was kept.
 """
 
 import contextlib
@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -22,6 +23,26 @@ from tqdm import tqdm
 
 from config import UserError
 from tinygpt.system import exchange, process_alive, sync_directory
+
+
+def check_path(path, option, directory=False):
+    """A UserError, naming option (--out_dir), for a path no file can be at: a name too long, a loop of symbolic
+    links, a file above it (or at it, where directory). Missing is fine. Called once, before the path is used: what
+    fails later (no permission, a full disk) is said where it fails."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as e:  # ValueError: a NUL character, which a TOML preset can hold
+        shown = path if len(path) <= 200 else f"{path[:100]}... ({len(path):,} characters)"
+        code = getattr(e, "errno", None)
+        above = next((p for p in Path(path).parents if p.is_file()), None) if code == errno.ENOTDIR else None
+        why = {errno.ENAMETOOLONG: "is too long a name", errno.ELOOP: "is a loop of symbolic links",
+               errno.ENOTDIR: f"is inside {above}, which is a file" if above else "is a file, not a directory",
+               }.get(code, f"cannot be used ({getattr(e, 'strerror', None) or e})")
+        raise UserError(f"{option}={shown} {why}; pick another {option}") from None
+    if directory and not is_dir:
+        raise UserError(f"{option}={path} is a file, not a directory; pick another {option}")
 
 
 def write_atomic(path, content):

@@ -10,7 +10,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from config import UserError
-from tinygpt.files import write_atomic
+from tinygpt.files import check_path, write_atomic
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -25,6 +25,7 @@ BOMS = [(codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codec
 
 def read_text(path, option):
     """The whole text of the file at path, given as option (--start): read as prepare.py reads its inputs."""
+    check_path(path, option)
     return "".join(read_chunks(path, what=f"{option} file"))
 
 
@@ -114,7 +115,9 @@ def regular_files(files, stage):
 def input_files(inputs):
     """The files to read, in order; a directory stands for its *.txt files, sorted."""
     files = []
-    for name in map(Path, inputs):
+    for name in inputs:
+        check_path(name, "--input")
+        name = Path(name)
         if name.is_dir():
             found = sorted(p for p in name.glob("*.txt") if p.is_file())
             if not found:

@@ -13,13 +13,15 @@ import torch
 from config import UserError
 from model import GPT, GPTConfig
 from tinygpt import export, gpt2
-from tinygpt.files import checkpoint_path, load_checkpoint
+from tinygpt.files import check_path, checkpoint_path, load_checkpoint
 from tinygpt.tokenizer import tokenizer_from_meta
 
 
 def load_model(init_from, out_dir, checkpoint, device):
     """(model in eval mode on device, tokenizer): GPT-2 if init_from names it, else (resume) the
     checkpoint named in out_dir, best.pt when there is one (checkpoint_path)."""
+    for option, path in (("--out_dir", out_dir), ("--checkpoint", checkpoint), ("--init_from", init_from)):
+        check_path(path, option, directory=option == "--out_dir")
     if init_from != "resume" and checkpoint_path(init_from).is_file():  # a directory train.py wrote to
         init_from, out_dir = "resume", init_from
     if init_from == "resume":
@@ -111,6 +113,7 @@ class Weights:
 def load_weights(init_from, out_dir):
     """The weights --init_from names: GPT-2 (a name or a directory), a checkpoint file, or a directory train.py
     wrote to (its best.pt, or ckpt.pt)."""
+    check_path(init_from, "--init_from")
     init_from = str(checkpoint_path(init_from)) if checkpoint_path(init_from).is_file() else init_from
     if gpt2.is_gpt2(init_from):
         config, state, meta = export.load(init_from)
