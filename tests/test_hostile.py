@@ -189,6 +189,21 @@ def test_a_preset_no_file_can_be_at_is_one_error_line(tmp_path, capsys, preset):
     assert len(err) < 500
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_checkpoint_whose_weights_are_not_finite_is_one_error_line_in_sample_and_score(finished_run, data_dir,
+                                                                                          tmp_path, capsys, value):
+    ckpt = torch.load(finished_run / "ckpt.pt", weights_only=True)
+    ckpt["model"]["ln_f.weight"][0] = value  # one weight is enough
+    (tmp_path / "run").mkdir()
+    torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
+    for temperature in ("0.8", "0"):  # sampled, or the likeliest taken
+        capsys.readouterr()
+        assert sample.main([f"--out_dir={tmp_path / 'run'}", f"--temperature={temperature}"]) == 2
+        one_error_line(capsys, "the model's scores for the next token are NaN or infinite", "another checkpoint")
+    text = text_of(data_dir)
+    assert score.main([f"--out_dir={tmp_path / 'run'}", f"--input={text}"]) == 2
+    one_error_line(capsys, f"{tmp_path / 'run' / 'ckpt.pt'} gives a loss of nan on --input {text}", "retrain")
+
 
 # --- Silent surprises ----------------------------------------------------------------------------------
 
