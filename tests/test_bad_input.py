@@ -150,11 +150,13 @@ CASES = [
     ("meta.json with a negative token count", "train", edit_meta(lambda m: {**m, "val_tokens": -1}), train_args,
      "val_tokens"),
     ("a token id at or past vocab_size", "train", id_past_the_vocabulary, train_args, "token id"),
-    # Texts in other encodings
+    # Texts in other encodings, and paths no data set can go to
     ("UTF-16 text without a byte order mark", "prepare", lambda ws: write(ws / "u16.txt", "text\n".encode("utf-16-le")),
      lambda ws: ["--input", str(ws / "u16.txt"), "--out_dir", str(ws / "data")], "is UTF-16LE text"),
     ("text in Windows' encoding", "prepare", lambda ws: write(ws / "w.txt", "\u201cquoted\u201d".encode("cp1252")),
      lambda ws: ["--input", str(ws / "w.txt"), "--out_dir", str(ws / "data")], "iconv -f cp1252 -t utf-8"),
+    ("prepare into /", "prepare", None, lambda ws: ["--input", str(ws / "input.txt"), "--out_dir", "/"],
+     "/ holds the directory this runs in"),
 ]
 
 

@@ -328,6 +328,15 @@ def test_a_prompts_file_is_split_at_its_newlines_only(finished_run, tmp_path, ca
     assert out.count(sample.SEPARATOR) == 2 and "the catsat" in out and "the dogran" in out  # two prompts, not four
 
 
+def test_prepare_refuses_to_swap_the_directory_it_runs_in(tmp_path, capsys, monkeypatch):
+    (tmp_path / "notes.txt").write_text("the cat sat on the mat.\n" * 50, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    for out_dir in (".", str(tmp_path.parent)):
+        assert prepare.main(["--input", "notes.txt", "--out_dir", out_dir]) == 2
+        one_error_line(capsys, f"{tmp_path if out_dir == '.' else tmp_path.parent} holds the directory this runs in")
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"] and Path.cwd() == tmp_path  # nothing swapped, nothing added
+
+
 # --- Messages that point the wrong way ----------------------------------------------------------------
 
 

@@ -140,6 +140,9 @@ def staging_dir(target):
     """A new, empty directory beside target (on its file system, so swap_in can put it in target's place), removed
     when the block ends, however it ends. What killed processes left behind is removed first."""
     target = Path(os.path.realpath(target))  # beside the real directory, if target is a link to it
+    if Path.cwd().is_relative_to(target):  # ".", "/": the shell in it would be left in the old one, deleted
+        raise UserError(f"{target} holds the directory this runs in, which swapping in a new one would delete under "
+                        "you; pick another directory, or run from elsewhere")
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
     stage = target.with_name(f".{target.name}.staging-{os.getpid()}")
