@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from config import UserError
+from tinygpt.dataset import tokenizer_problem
 from tinygpt.system import exchange, process_alive, sync_directory
 
 
@@ -303,10 +304,14 @@ def load_checkpoint(path, device="cpu", choosing=True):
     instead = f"pass --checkpoint={other} if {path.with_name(other)} is there, or retrain" if other and choosing \
         else "retrain"
     ckpt = load_tensors(path, "a checkpoint", instead, "Load only checkpoints written by train.py", device)
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+    if not isinstance(ckpt, dict) or not all(isinstance(ckpt.get(k), dict) for k in ("model", "model_config")) \
+            or not all(map(torch.is_tensor, ckpt["model"].values())) or type(ckpt.get("format", 0)) is not int:
         raise UserError(f"{path} is not a checkpoint written by train.py")
-    if "meta" not in ckpt:
+    if not isinstance(ckpt.get("meta"), dict):
         raise UserError(f"{path} holds no tokenizer (meta); it was not written by this train.py")
+    if problem := tokenizer_problem(ckpt["meta"]):
+        raise UserError(f"{path}: in its meta (the tokenizer), {problem}; it was changed after train.py wrote it: "
+                        "retrain")
     if ckpt.get("format", 0) > CHECKPOINT_FORMAT:
         raise UserError(f"{path} has checkpoint format {ckpt['format']}, newer than this code "
                         f"({CHECKPOINT_FORMAT}); update the code to read it")

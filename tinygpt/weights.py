@@ -36,19 +36,26 @@ def load_model(init_from, out_dir, checkpoint, device):
 def model_from_checkpoint(path, device):
     """(model in eval mode on device, tokenizer), both from one checkpoint file."""
     ckpt = load_checkpoint(path, "cpu")  # to the CPU first: only the weights need to go to the device
-    said, state = tuple(ckpt["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_layer")), ckpt["model"]
+    config, state, tokenizer = ckpt["model_config"], ckpt["model"], tokenizer_from_meta(ckpt["meta"])
+    # The sizes model_config says, and those of the weights and the tokenizer, before a model that big is built.
+    said = (*(config.get(k) for k in ("vocab_size", "n_embd", "n_layer", "block_size")),
+            config.get("real_vocab_size") or config.get("vocab_size"))
     wte = state.get("wte.weight", torch.empty(0, 0))  # a file without it is refused below, as any other misfit
-    found = (*wte.shape, len({k.split(".")[1] for k in state if k.startswith("blocks.")}) or said[2])
-    if wte.numel() and found != said:  # before a model of that size is built
-        raise UserError(f"{path}: its model_config (vocab_size, n_embd, n_layer {said}) does not match its weights "
-                        f"{found}: it was changed after train.py wrote it; retrain")
+    positions = state["wpe.weight"].shape[:1] if "wpe.weight" in state else said[3:4]  # learned: block_size rows
+    found = (*wte.shape, len({k.split(".")[1] for k in state if k.startswith("blocks.")}) or said[2], *positions,
+             tokenizer.vocab_size)
+    if wte.numel() and found != said:
+        raise UserError(f"{path}: its model_config (vocab_size, n_embd, n_layer, block_size, tokens {said}) does not "
+                        f"match its weights and tokenizer {found}: it was changed after train.py wrote it; retrain")
     try:
-        model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
-        model.load_state_dict(ckpt["model"])
+        model = GPT(GPTConfig(**{**config, "dropout": 0.0}))
+        model.load_state_dict(state)
     except (TypeError, ValueError, RuntimeError) as e:
-        raise UserError(f"{path} does not fit this version of model.py ({str(e).strip().splitlines()[0][:200]}); "
-                        "sample with the code that trained it, or retrain") from None
-    return model.to(device).eval(), tokenizer_from_meta(ckpt["meta"])
+        lines = str(e).strip().splitlines()  # load_state_dict's first line is a heading: its second says what
+        what = lines[min(1, len(lines) - 1)].strip()[:200]
+        raise UserError(f"{path} does not fit this version of model.py ({what}); sample with the code that trained "
+                        "it, or retrain") from None
+    return model.to(device).eval(), tokenizer
 
 
 # --- Resuming -------------------------------------------------------------------------------------------
