@@ -115,7 +115,7 @@ CASES = [
     ("unknown key in a TOML preset", "train", lambda ws: write(ws / "typo.toml", "learning_rat = 0.1\n"),
      lambda ws: [str(ws / "typo.toml")], "did you mean learning_rate"),
     ("out_dir not writable", "train", lambda ws: write(ws / "a_file", "x"),
-     lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'a_file' / 'out'}"], "cannot write"),
+     lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'a_file' / 'out'}"], "pick another --out_dir"),
     ("truncated checkpoint (resume)", "train", truncate_checkpoint,
      lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'out'}", "--init_from=resume"], "truncated"),
     ("truncated checkpoint (sample)", "sample", lambda ws: truncate_checkpoint(ws, "best.pt"),
