@@ -170,13 +170,16 @@ def test_an_export_to_a_symbolic_link_loop_is_called_a_loop_not_another_export(f
 def test_check_path_says_why_a_data_dir_or_out_dir_cannot_be_used(tmp_path):
     """What train.py's --data_dir and --out_dir are checked with, as prepare's, sample's and export's are."""
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "new\nline").symlink_to(tmp_path / "new\nline")
     (tmp_path / "notes.txt").write_text("a file", encoding="utf-8")
     for path, says in [(str(tmp_path / LONG), "is too long a name"), (str(tmp_path / "loop"), "is a loop"),
+                       (str(tmp_path / "new\nline"), "is a loop"),  # its newline shown as \n: still one line
                        (str(tmp_path / "notes.txt" / "run"), f"is inside {tmp_path / 'notes.txt'}, which is a file"),
                        (str(tmp_path / "notes.txt"), "is a file, not a directory")]:
         with pytest.raises(train.UserError, match="^--data_dir=.* " + says) as e:
             files.check_path(path, "--data_dir", directory=True)
-        assert len(str(e.value)) < 400 and str(e.value).endswith("; pick another --data_dir")
+        message = str(e.value)
+        assert len(message) < 400 and "\n" not in message and message.endswith("; pick another --data_dir")
     files.check_path(str(tmp_path / "not" / "there" / "yet"), "--out_dir", directory=True)  # made when it is used
 
 

@@ -35,7 +35,8 @@ def check_path(path, option, directory=False):
     except FileNotFoundError:
         return
     except (OSError, ValueError) as e:  # ValueError: a NUL character, which a TOML preset can hold
-        shown = path if len(path) <= 200 else f"{path[:100]}... ({len(path):,} characters)"
+        shown = path if path.isprintable() else repr(path)[1:-1]  # a newline or a NUL in it, shown as \n, \x00
+        shown = shown if len(shown) <= 200 else f"{shown[:100]}... ({len(path):,} characters)"
         code = getattr(e, "errno", None)
         above = next((p for p in Path(path).parents if p.is_file()), None) if code == errno.ENOTDIR else None
         why = {errno.ENAMETOOLONG: "is too long a name", errno.ELOOP: "is a loop of symbolic links",
