@@ -30,7 +30,7 @@ import numpy as np
 from config import UserError, load_config, option
 from tinygpt import system
 from tinygpt.dataset import DATASET_FILES, META_FORMAT
-from tinygpt.files import staging_dir, swap_in, write_atomic, write_error
+from tinygpt.files import check_path, staging_dir, swap_in, write_atomic, write_error
 from tinygpt.textfiles import (
     CHUNK_BYTES,
     SHAKESPEARE_URL,
@@ -63,8 +63,7 @@ def main(argv):
         out_dir = Path(cfg.out_dir or default_out_dir(cfg.input[0], files, cfg.tokenizer))
     else:  # Tiny Shakespeare, downloaded into out_dir below
         files, out_dir = [], Path(cfg.out_dir or f"data/shakespeare_{cfg.tokenizer}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out_dir {out_dir} is a file, not a directory; pick another --out_dir")
+    check_path(str(out_dir), "--out_dir", directory=True)
     # A name that is not valid UTF-8 is shown with U+FFFD in its place (meta.json is UTF-8).
     source = ", ".join(os.fsencode(Path(name).name).decode("utf-8", "replace") for name in cfg.input) or "input.txt"
     # The new data set is built beside out_dir, then swapped in whole: a failure, Ctrl-C or a
@@ -72,13 +71,14 @@ def main(argv):
     try:
         files = files or [download_shakespeare(cfg.url, out_dir / "input.txt")]
         with staging_dir(out_dir) as stage:
-            tokenizer, (n_chars, n_tokens, n_train) = write_dataset(stage, files, tokenizer, cfg.val_fraction, source)
+            tokenizer, (n_chars, n_tokens, n_train) = write_dataset(stage, files, tokenizer, cfg.val_fraction, source,
+                                                                    notes := set())
             swap_in(stage, out_dir, replaced=DATASET_FILES)
     except OSError as e:
         raise UserError(f"{write_error(out_dir, e)}; the data set there is as it was: {how_to_fix(e, out_dir)}") \
             from None
     print(f"{n_chars:,} characters in {len(files)} file(s), {cfg.tokenizer} vocabulary of {tokenizer.vocab_size:,}, "
-          f"{n_train:,} train and {n_tokens - n_train:,} val tokens -> {out_dir}")
+          f"{n_train:,} train and {n_tokens - n_train:,} val tokens -> {out_dir}" + "".join(f"; {n}" for n in notes))
     return 0
 
 
@@ -110,10 +110,10 @@ def default_out_dir(first_input, files, tokenizer):
     return f"data/{Path(os.path.abspath(first_input)).stem}_{tokenizer}"
 
 
-def write_dataset(stage, files, tokenizer, val_fraction, source):
+def write_dataset(stage, files, tokenizer, val_fraction, source, notes=None):
     """Writes train.bin, val.bin and meta.json into the directory stage, reading the files chunk by
     chunk, so memory stays bounded whatever their size. Returns the tokenizer (for char, made from
-    the text) and (characters, tokens, train tokens)."""
+    the text) and (characters, tokens, train tokens); notes: a set for what reading the text noted (read_chunks)."""
     files, shown = regular_files(files, stage)  # shown: a copy of a pipe -> the pipe, for messages
     stats = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     total = sum(size for size, _ in stats)
@@ -123,7 +123,7 @@ def write_dataset(stage, files, tokenizer, val_fraction, source):
             tokenizer = CharTokenizer.from_texts(itertools.chain(texts, ["\n"] if len(files) > 1 else []))
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
     with open(stage / "train.bin", "w+b") as out, progress(total, "encoding") as bar:
-        n_tokens, n_chars, sha256 = encode_files(files, shown, tokenizer, dtype, out, bar)
+        n_tokens, n_chars, sha256 = encode_files(files, shown, tokenizer, dtype, out, bar, notes)
         if [(p.stat().st_size, p.stat().st_mtime_ns) for p in files] != stats:
             raise UserError("an input file changed while it was being read; run prepare.py again")
         n_train = int(n_tokens * (1 - val_fraction))  # all but the last val_fraction of the tokens
@@ -147,15 +147,15 @@ def separator(tokenizer, previous):
     return tokenizer.encode_array("\n" if previous.endswith("\n") else "\n\n")
 
 
-def encode_files(files, shown, tokenizer, dtype, out, bar=None):
+def encode_files(files, shown, tokenizer, dtype, out, bar=None, notes=None):
     """Writes the ids of the files, one document after another, to the open file out (new, empty),
-    a chunk at a time. Returns (tokens, characters, sha256 of all the input bytes)."""
+    a chunk at a time. Returns (tokens, characters, sha256 of all the input bytes); notes: see read_chunks."""
     hasher, threads, n_chars, last = hashlib.sha256(), system.cpu_count(), 0, ""
     for i, path in enumerate(files):
         if i:
             out.write(separator(tokenizer, last).astype(dtype))
         carry = ""
-        for text in read_chunks(path, hasher, bar, shown.get(path)):
+        for text in read_chunks(path, hasher, bar, shown.get(path), notes=notes):
             text = carry + text
             # Cut at a word boundary, so that no BPE piece straddles two chunks.
             cut = cut_point(text, len(text))

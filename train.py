@@ -91,6 +91,8 @@ class TrainConfig:
 def main(argv):
     cfg = load_config(TrainConfig, argv, "train.py", __doc__)
     cfg = dataclasses.replace(cfg, out_dir=cfg.out_dir or f"out/{Path(cfg.data_dir).name}")
+    for option, path in ("--data_dir", cfg.data_dir), ("--out_dir", cfg.out_dir):
+        files.check_path(path, option, directory=True)  # a name too long, a loop, a file: one line
     ckpt = files.load_checkpoint(saved(cfg), choosing=False) if cfg.init_from == "resume" else None
     if ckpt is not None:  # the run's own settings, over the presets, under the command line
         base = ckpt["train_config"] | {"out_dir": cfg.out_dir}

@@ -145,6 +145,8 @@ def read_toml(path):
         raise UserError(f"config file {path} not found; presets live in config/, e.g. config/tiny.toml") from None
     except IsADirectoryError:
         raise UserError(f"config file {path} is a directory; pass a .toml file") from None
+    except OSError as e:  # a name too long, a loop of links: shown cut short, as the name may be 100,000 characters
+        raise UserError(f"config file {str(path):.200} cannot be read ({e.strerror}); pass a .toml file") from None
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"config file {path} is not valid TOML: {e}") from None
     except UnicodeDecodeError:

@@ -54,6 +54,19 @@ def newer_checkpoint(ws, name="best.pt"):  # best.pt: what sample.py reads when 
     torch.save({**ckpt, "format": files.CHECKPOINT_FORMAT + 1}, ws / "out" / name)
 
 
+def edit_checkpoint(change, name="best.pt"):
+    """A setup that changes a checkpoint as a hand edit might: change(ckpt) edits it in place."""
+    def setup(ws):
+        ckpt = torch.load(ws / "out" / name, weights_only=True)
+        change(ckpt)
+        torch.save(ckpt, ws / "out" / name)
+    return setup
+
+
+def vocab_of_100(ckpt):
+    ckpt["meta"]["vocab"], ckpt["meta"]["vocab_size"] = [chr(0x100 + i) for i in range(100)], 100
+
+
 def mismatched_bins(ws):
     data = (ws / "data" / "train.bin").read_bytes()
     write(ws / "data" / "train.bin", data[:-10])
@@ -102,7 +115,7 @@ CASES = [
     ("unknown key in a TOML preset", "train", lambda ws: write(ws / "typo.toml", "learning_rat = 0.1\n"),
      lambda ws: [str(ws / "typo.toml")], "did you mean learning_rate"),
     ("out_dir not writable", "train", lambda ws: write(ws / "a_file", "x"),
-     lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'a_file' / 'out'}"], "cannot write"),
+     lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'a_file' / 'out'}"], "pick another --out_dir"),
     ("truncated checkpoint (resume)", "train", truncate_checkpoint,
      lambda ws: [TINY, f"--data_dir={ws / 'data'}", f"--out_dir={ws / 'out'}", "--init_from=resume"], "truncated"),
     ("truncated checkpoint (sample)", "sample", lambda ws: truncate_checkpoint(ws, "best.pt"),
@@ -150,6 +163,29 @@ CASES = [
     ("meta.json with a negative token count", "train", edit_meta(lambda m: {**m, "val_tokens": -1}), train_args,
      "val_tokens"),
     ("a token id at or past vocab_size", "train", id_past_the_vocabulary, train_args, "token id"),
+    # Texts in other encodings, and paths no data set can go to
+    ("UTF-16 text without a byte order mark", "prepare", lambda ws: write(ws / "u16.txt", "text\n".encode("utf-16-le")),
+     lambda ws: ["--input", str(ws / "u16.txt"), "--out_dir", str(ws / "data")], "is UTF-16LE text"),
+    ("text in Windows' encoding", "prepare", lambda ws: write(ws / "w.txt", "\u201cquoted\u201d".encode("cp1252")),
+     lambda ws: ["--input", str(ws / "w.txt"), "--out_dir", str(ws / "data")], "iconv -f cp1252 -t utf-8"),
+    ("prepare into /", "prepare", None, lambda ws: ["--input", str(ws / "input.txt"), "--out_dir", "/"],
+     "/ holds the directory this runs in"),
+    # A checkpoint edited by hand: each is named, before a model of the size it says is built
+    *[(f"a checkpoint {what}", "sample", edit_checkpoint(change), lambda ws: [f"--out_dir={ws / 'out'}"], says)
+      for what, change, says in [
+          ("whose model_config is a list", lambda c: c.update(model_config=[1]), "is not a checkpoint written by"),
+          ("whose format is a string", lambda c: c.update(format="1"), "is not a checkpoint written by"),
+          ("whose weights hold a number", lambda c: c["model"].update({"wte.weight": 5}), "is not a checkpoint"),
+          ("whose meta is None", lambda c: c.update(meta=None), "holds no tokenizer (meta)"),
+          ("whose meta lacks its vocab", lambda c: c["meta"].pop("vocab"), "vocab must be a list"),
+          ("whose block_size was raised", lambda c: c["model_config"].update(block_size=10**12),
+           "does not match its weights and tokenizer"),
+          ("without real_vocab_size", lambda c: c["model_config"].pop("real_vocab_size"),
+           "does not match its weights and tokenizer"),
+          ("whose vocabulary is larger than its model's", vocab_of_100, "does not match its weights and tokenizer"),
+          ("missing a tensor", lambda c: c["model"].pop("ln_f.weight"),
+           'Missing key(s) in state_dict: "ln_f.weight"'),
+      ]],
 ]
 
 

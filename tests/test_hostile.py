@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import prepare
 import sample
 import train
 from model import GPT, GPTConfig
-from tinygpt import files, gpt2, weights
+from tinygpt import export, files, gpt2, plot, score, textfiles, weights
 from tinygpt.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,6 +112,102 @@ def test_a_gpt2_directory_whose_config_is_wrong_is_one_line(tmp_path, capsys, co
         gpt2.gpt_config(gpt2.read_config(tmp_path), str(tmp_path))
 
 
+# A path no file can be at: a name too long for any file system, or a symbolic link that leads to itself.
+LONG = "a" * 100_000
+PATHS = [  # (script, its arguments with the path bad in them (run: a trained out_dir), the option the message names)
+    ("prepare", lambda run, data, bad: ["--input", bad], "--input"),
+    ("prepare", lambda run, data, bad: ["--input", text_of(data), "--out_dir", bad], "--out_dir"),
+    ("sample", lambda run, data, bad: [f"--out_dir={bad}"], "--out_dir"),
+    ("sample", lambda run, data, bad: [f"--out_dir={run}", f"--checkpoint={bad}"], "--checkpoint"),
+    ("sample", lambda run, data, bad: [f"--init_from={bad}"], "--init_from"),
+    ("sample", lambda run, data, bad: [f"--out_dir={run}", f"--start=FILE:{bad}"], "--start"),
+    ("sample", lambda run, data, bad: [f"--out_dir={run}", f"--prompts={bad}"], "--prompts"),
+    ("score", lambda run, data, bad: [f"--out_dir={run}", f"--input={bad}"], "--input"),
+    ("score", lambda run, data, bad: [f"--out_dir={bad}", f"--input={text_of(data)}"], "--out_dir"),
+    ("export", lambda run, data, bad: [f"--out_dir={bad}", f"--to={run}_hf"], "--out_dir"),
+    ("export", lambda run, data, bad: [f"--out_dir={run}", f"--to={bad}"], "--to"),
+    ("train", lambda run, data, bad: [TINY, f"--data_dir={data}", f"--init_from={bad}", f"--out_dir={run}_ft"],
+     "--init_from"),
+    ("plot", lambda run, data, bad: ["losses", bad, f"--out={run}.png"], "--runs"),
+    ("plot", lambda run, data, bad: ["losses", str(run), f"--out={bad}"], "--out"),
+]
+MAINS = {"prepare": prepare.main, "sample": sample.main, "score": score.main, "export": export.main,
+         "train": train.main, "plot": plot.main}
+
+
+def text_of(data_dir):
+    return str(Path(data_dir).parent / "input.txt")  # the text conftest's data_dir was prepared from
+
+
+@pytest.mark.parametrize("kind, says", [("long", "is too long a name"), ("loop", "is a loop of symbolic links")])
+@pytest.mark.parametrize("script, args, option", PATHS, ids=[f"{script}{option}" for script, _, option in PATHS])
+def test_a_path_no_file_can_be_at_is_one_error_line_naming_its_option(finished_run, data_dir, tmp_path, capsys,
+                                                                      kind, says, script, args, option):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    bad = str(tmp_path / (LONG if kind == "long" else "loop"))
+    capsys.readouterr()
+    assert MAINS[script](args(finished_run, data_dir, bad)) == 2
+    err = capsys.readouterr().err
+    one_error_line_in(err, f"error: {option}=", says)
+    assert len(err) < 500  # the name cut short
+
+
+def one_error_line_in(err, *fragments):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err[:1000]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0][:1000]
+
+
+def test_an_export_to_a_symbolic_link_loop_is_called_a_loop_not_another_export(finished_run, tmp_path, capsys):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    capsys.readouterr()
+    assert export.main([f"--out_dir={finished_run}", f"--to={tmp_path / 'loop'}"]) == 2
+    one_error_line(capsys, f"--to={tmp_path / 'loop'} is a loop of symbolic links; pick another --to")
+    assert os.readlink(tmp_path / "loop") == str(tmp_path / "loop")  # left as it was
+
+
+def test_check_path_says_why_a_data_dir_or_out_dir_cannot_be_used(tmp_path):
+    """What train.py's --data_dir and --out_dir are checked with, as prepare's, sample's and export's are."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "new\nline").symlink_to(tmp_path / "new\nline")
+    (tmp_path / "notes.txt").write_text("a file", encoding="utf-8")
+    for path, says in [(str(tmp_path / LONG), "is too long a name"), (str(tmp_path / "loop"), "is a loop"),
+                       (str(tmp_path / "new\nline"), "is a loop"),  # its newline shown as \n: still one line
+                       (str(tmp_path / "notes.txt" / "run"), f"is inside {tmp_path / 'notes.txt'}, which is a file"),
+                       (str(tmp_path / "notes.txt"), "is a file, not a directory")]:
+        with pytest.raises(train.UserError, match="^--data_dir=.* " + says) as e:
+            files.check_path(path, "--data_dir", directory=True)
+        message = str(e.value)
+        assert len(message) < 400 and "\n" not in message and message.endswith("; pick another --data_dir")
+    files.check_path(str(tmp_path / "not" / "there" / "yet"), "--out_dir", directory=True)  # made when it is used
+
+
+@pytest.mark.parametrize("preset", [LONG + ".toml", "loop"], ids=["long", "loop"])
+def test_a_preset_no_file_can_be_at_is_one_error_line(tmp_path, capsys, preset):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert train.main([str(tmp_path / preset)]) == 2
+    err = capsys.readouterr().err
+    one_error_line_in(err, "error: config file", "cannot be read")
+    assert len(err) < 500
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_checkpoint_whose_weights_are_not_finite_is_one_error_line_in_sample_and_score(finished_run, data_dir,
+                                                                                          tmp_path, capsys, value):
+    ckpt = torch.load(finished_run / "ckpt.pt", weights_only=True)
+    ckpt["model"]["ln_f.weight"][0] = value  # one weight is enough
+    (tmp_path / "run").mkdir()
+    torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
+    for temperature in ("0.8", "0"):  # sampled, or the likeliest taken
+        capsys.readouterr()
+        assert sample.main([f"--out_dir={tmp_path / 'run'}", f"--temperature={temperature}"]) == 2
+        one_error_line(capsys, "the model's scores for the next token are NaN or infinite", "another checkpoint")
+    text = text_of(data_dir)
+    assert score.main([f"--out_dir={tmp_path / 'run'}", f"--input={text}"]) == 2
+    one_error_line(capsys, f"{tmp_path / 'run' / 'ckpt.pt'} gives a loss of nan on --input {text}", "retrain")
+
+
 # --- Silent surprises ----------------------------------------------------------------------------------
 
 
@@ -201,6 +298,49 @@ def test_a_block_longer_than_the_text_is_refused_before_any_timing(data_dir, tmp
     one_error_line(capsys, "block_size")
 
 
+def test_prepare_score_and_sample_read_crlf_cr_and_a_bom_as_the_same_text(finished_run, tmp_path, capsys,
+                                                                          monkeypatch):
+    text = "the cat sat on the mat.\na dog ran in the fog!\nto be or not to be?\n" * 40
+    variants = {"lf": text.encode(), "crlf": b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode(),
+                "cr": text.replace("\n", "\r").encode()}
+    monkeypatch.setattr(textfiles, "CHUNK_BYTES", 7)  # a \r at the end of one read, its \n at the start of the next
+    prepared, scored, sampled = {}, {}, {}
+    for name, data in variants.items():
+        (tmp_path / f"{name}.txt").write_bytes(data)
+        capsys.readouterr()
+        assert prepare.main(["--input", str(tmp_path / f"{name}.txt"), "--out_dir", str(tmp_path / name)]) == 0
+        said = capsys.readouterr().out
+        assert said.count("line endings \\r\\n and \\r read as \\n") == (name != "lf"), said  # said once
+        prepared[name] = [(tmp_path / name / f).read_bytes() for f in ("train.bin", "val.bin")]
+        prepared[name].append(json.loads((tmp_path / name / "meta.json").read_text(encoding="utf-8"))["vocab"])
+        assert score.main([f"--out_dir={finished_run}", f"--input={tmp_path / f'{name}.txt'}"]) == 0
+        scored[name] = capsys.readouterr().out.split(": ", 1)[1]  # past the file's name
+        assert sample.main([f"--out_dir={finished_run}", f"--start=FILE:{tmp_path / f'{name}.txt'}",
+                            "--max_new_tokens=5", "--temperature=0"]) == 0
+        sampled[name] = capsys.readouterr().out
+    assert "\r" not in prepared["crlf"][2] and "\ufeff" not in prepared["crlf"][2]
+    assert prepared["crlf"] == prepared["cr"] == prepared["lf"]
+    assert scored["crlf"] == scored["cr"] == scored["lf"] and scored["lf"].startswith(f"{len(text):,} characters")
+    assert sampled["crlf"] == sampled["cr"] == sampled["lf"] and sampled["lf"].startswith(text)
+
+
+def test_a_prompts_file_is_split_at_its_newlines_only(finished_run, tmp_path, capsys):
+    (tmp_path / "p.txt").write_text("the cat\x0csat\nthe dog\u2028ran\n", encoding="utf-8")  # a form feed, U+2028
+    assert sample.main([f"--out_dir={finished_run}", f"--prompts={tmp_path / 'p.txt'}", "--max_new_tokens=2",
+                        "--unknown=skip"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(sample.SEPARATOR) == 2 and "the catsat" in out and "the dogran" in out  # two prompts, not four
+
+
+def test_prepare_refuses_to_swap_the_directory_it_runs_in(tmp_path, capsys, monkeypatch):
+    (tmp_path / "notes.txt").write_text("the cat sat on the mat.\n" * 50, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    for out_dir in (".", str(tmp_path.parent)):
+        assert prepare.main(["--input", "notes.txt", "--out_dir", out_dir]) == 2
+        one_error_line(capsys, f"{tmp_path if out_dir == '.' else tmp_path.parent} holds the directory this runs in")
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"] and Path.cwd() == tmp_path  # nothing swapped, nothing added
+
+
 # --- Messages that point the wrong way ----------------------------------------------------------------
 
 
@@ -265,3 +405,20 @@ def test_plotting_a_log_whose_evaluation_lacks_train_loss_is_one_line(tmp_path, 
     (tmp_path / "log.jsonl").write_text('{"iter": 0, "val_loss": 2.0}\n', encoding="utf-8")
     assert plot.main(["losses", str(tmp_path), f"--out={tmp_path / 'l.png'}"]) == 2
     one_error_line(capsys, "line 1", "train_loss")
+
+
+ENCODINGS = [("utf-16", "UTF-16"), ("utf-32", "UTF-32"), ("utf-16-le", "UTF-16LE"), ("utf-16-be", "UTF-16BE")]
+
+
+@pytest.mark.parametrize("codec, name", ENCODINGS, ids=[codec for codec, _ in ENCODINGS])
+def test_a_utf16_or_utf32_text_is_named_with_the_iconv_that_converts_it(finished_run, tmp_path, capsys, codec, name):
+    path = tmp_path / "notes.txt"
+    path.write_bytes("the cat sat on the mat.\n".encode(codec) * 50)  # with a byte order mark, or (LE, BE) without
+    convert = f"convert it: iconv -f {name} -t UTF-8 {path} > {tmp_path / 'notes-utf8.txt'}"
+    for main, args, what in [(prepare.main, ["--input", str(path), "--out_dir", str(tmp_path / "d")], "input file"),
+                             (score.main, [f"--out_dir={finished_run}", f"--input={path}"], "--input file"),
+                             (sample.main, [f"--out_dir={finished_run}", f"--prompts={path}"], "--prompts file")]:
+        capsys.readouterr()
+        assert main(args) == 2
+        one_error_line(capsys, f"{what} {path} is {name} text, not UTF-8; {convert}")
+    assert not (tmp_path / "d").exists()

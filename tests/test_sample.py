@@ -342,8 +342,8 @@ def test_a_checkpoint_whose_config_does_not_match_its_weights_says_so_before_bui
     torch.save(ckpt, tmp_path / "ckpt.pt")
     code, out, err = run_sample(capsys, tmp_path, "--checkpoint=ckpt.pt")
     assert code == 2 and out == "" and err.count("\n") == 1
-    assert "its model_config (vocab_size, n_embd, n_layer (" in err and "100000" in err
-    assert "does not match its weights" in err and "changed after train.py wrote it" in err
+    assert "its model_config (vocab_size, n_embd, n_layer, block_size, tokens (" in err and "100000" in err
+    assert "does not match its weights and tokenizer" in err and "changed after train.py wrote it" in err
 
 
 @pytest.mark.parametrize("prompts, shown", [(["ROMEO:"], False), (["ROMEO:", "JULIET:", "First Citizen:"], True)])

@@ -35,11 +35,17 @@ def meta_problem(meta):
         return f"dtype must be {' or '.join(DTYPES)}, got {meta.get('dtype')!r}"
     if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
         return f"vocab_size {meta['vocab_size']} does not fit in {meta['dtype']} ids"
+    return tokenizer_problem(meta)
+
+
+def tokenizer_problem(meta):
+    """What is wrong with the tokenizer that meta describes, or None: a meta.json's object, or a checkpoint's copy of
+    one (which may lack the counts)."""
     if meta.get("tokenizer") == "char":
         vocab = meta.get("vocab")
         if type(vocab) is not list or not all(type(ch) is str and len(ch) == 1 for ch in vocab) \
-                or not len(set(vocab)) == len(vocab) == meta["vocab_size"]:
-            return f"vocab must be a list of vocab_size ({meta['vocab_size']}) different single characters"
+                or not len(set(vocab)) == len(vocab) == meta.get("vocab_size", len(vocab)):
+            return f"vocab must be a list of vocab_size ({meta.get('vocab_size')}) different single characters"
     elif meta.get("tokenizer") == "tiktoken":
         if not isinstance(meta.get("encoding"), str) or not meta["encoding"]:
             return f"encoding must name a tiktoken encoding, got {meta.get('encoding')!r}"

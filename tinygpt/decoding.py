@@ -9,6 +9,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from config import UserError
+
 
 def newest(x, n, dim):
     """The last n entries of x along dim (x[:, -n:] would be all of them for n = 0)."""
@@ -130,6 +132,9 @@ def faster_cpu_kernels(positions):
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """logits (B, V) -> token ids (B, 1). Temperature (0: greedy), then top_k (the k likeliest tokens),
     then top_p (the smallest set whose probabilities add up to at least p: nucleus)."""
+    if not torch.isfinite(logits).all():  # NaN weights (a damaged checkpoint), or an overflow: nothing to sample
+        raise UserError("the model's scores for the next token are NaN or infinite: its weights are damaged or "
+                        "overflow; sample from another checkpoint (--checkpoint), or retrain")
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float()

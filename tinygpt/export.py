@@ -20,7 +20,7 @@ from config import UserError, load_config, option
 from model import GPT, GPTConfig
 from tinygpt import gpt2, system
 from tinygpt.device import padded_vocab_size
-from tinygpt.files import checkpoint_path, load_checkpoint, staging_dir, swap_in, write_error
+from tinygpt.files import check_path, checkpoint_path, load_checkpoint, staging_dir, swap_in, write_error
 from tinygpt.tokenizer import END_OF_TEXT, load_encoding, tokenizer_from_meta
 
 # model.GPT's module names -> each architecture's; in a block's, blocks.N.part, blocks and part are mapped, N kept.
@@ -90,14 +90,9 @@ def check_paths(cfg):
     """--to as a Path, or a UserError for a target or --out_dir that cannot be used."""
     if not cfg.to:
         raise UserError("no target: pass --to=DIR, the directory to write the model to")
-    if Path(cfg.out_dir).is_file():
-        raise UserError(f"--out_dir={cfg.out_dir} is a file; pass the directory train.py wrote to (a checkpoint "
-                        "in it goes in --checkpoint)")
+    for option, path in (("--out_dir", cfg.out_dir), ("--checkpoint", cfg.checkpoint), ("--to", cfg.to)):
+        check_path(path, option, directory=option != "--checkpoint")
     target = Path(cfg.to)
-    if below_a_file := next((p for p in target.parents if p.exists() and not p.is_dir()), None):
-        raise UserError(f"--to={target} is inside {below_a_file}, which is a file; pick a directory elsewhere")
-    if target.exists() and not target.is_dir():
-        raise UserError(f"--to={target} is a file; pick a directory")
     if any((target / name).exists() for name in ("ckpt.pt", "best.pt", "lock")):  # swapped out under a run
         raise UserError(f"--to={target} is train.py's out_dir, which an export would swap out under its runs; pick "
                         "another --to")

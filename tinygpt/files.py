@@ -1,8 +1,8 @@
-"""Writing files so that a failure, or a kill at any moment, loses nothing: a file replaced whole, a line appended
-whole, a directory swapped in whole. A run's out_dir, one run at a time; its log, and the log's copies in TensorBoard
-and W&B (--log_to); its checkpoints, loaded with weights_only=True: tensors and plain data, never code. Each function
-raises the OSError that stopped it, after undoing its own partial work, so the caller can say what failed (a full
-disk, no permission) and what was kept.
+"""The paths a user gives, each checked once before it is used (check_path); and writing files so that a failure, or a
+kill at any moment, loses nothing: a file replaced whole, a line appended whole, a directory swapped in whole. A
+run's out_dir, one run at a time; its log, and the log's copies in TensorBoard and W&B (--log_to); its checkpoints,
+loaded with weights_only=True: tensors and plain data, never code. Each function raises the OSError that stopped it,
+after undoing its own partial work, so the caller can say what failed (a full disk, no permission) and what was kept.
 """
 
 import contextlib
@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -21,7 +22,29 @@ import torch
 from tqdm import tqdm
 
 from config import UserError
+from tinygpt.dataset import tokenizer_problem
 from tinygpt.system import exchange, process_alive, sync_directory
+
+
+def check_path(path, option, directory=False):
+    """A UserError, naming option (--out_dir), for a path no file can be at: a name too long, a loop of symbolic
+    links, a file above it (or at it, where directory). Missing is fine. Called once, before the path is used: what
+    fails later (no permission, a full disk) is said where it fails."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as e:  # ValueError: a NUL character, which a TOML preset can hold
+        shown = path if path.isprintable() else repr(path)[1:-1]  # a newline or a NUL in it, shown as \n, \x00
+        shown = shown if len(shown) <= 200 else f"{shown[:100]}... ({len(path):,} characters)"
+        code = getattr(e, "errno", None)
+        above = next((p for p in Path(path).parents if p.is_file()), None) if code == errno.ENOTDIR else None
+        why = {errno.ENAMETOOLONG: "is too long a name", errno.ELOOP: "is a loop of symbolic links",
+               errno.ENOTDIR: f"is inside {above}, which is a file" if above else "is a file, not a directory",
+               }.get(code, f"cannot be used ({getattr(e, 'strerror', None) or e})")
+        raise UserError(f"{option}={shown} {why}; pick another {option}") from None
+    if directory and not is_dir:
+        raise UserError(f"{option}={path} is a file, not a directory; pick another {option}")
 
 
 def write_atomic(path, content):
@@ -119,6 +142,9 @@ def staging_dir(target):
     """A new, empty directory beside target (on its file system, so swap_in can put it in target's place), removed
     when the block ends, however it ends. What killed processes left behind is removed first."""
     target = Path(os.path.realpath(target))  # beside the real directory, if target is a link to it
+    if Path.cwd().is_relative_to(target):  # ".", "/": the shell in it would be left in the old one, deleted
+        raise UserError(f"{target} holds the directory this runs in, which swapping in a new one would delete under "
+                        "you; pick another directory, or run from elsewhere")
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
     stage = target.with_name(f".{target.name}.staging-{os.getpid()}")
@@ -271,10 +297,14 @@ def load_checkpoint(path, device="cpu", choosing=True):
     instead = f"pass --checkpoint={other} if {path.with_name(other)} is there, or retrain" if other and choosing \
         else "retrain"
     ckpt = load_tensors(path, "a checkpoint", instead, "Load only checkpoints written by train.py", device)
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+    if not isinstance(ckpt, dict) or not all(isinstance(ckpt.get(k), dict) for k in ("model", "model_config")) \
+            or not all(map(torch.is_tensor, ckpt["model"].values())) or type(ckpt.get("format", 0)) is not int:
         raise UserError(f"{path} is not a checkpoint written by train.py")
-    if "meta" not in ckpt:
+    if not isinstance(ckpt.get("meta"), dict):
         raise UserError(f"{path} holds no tokenizer (meta); it was not written by this train.py")
+    if problem := tokenizer_problem(ckpt["meta"]):
+        raise UserError(f"{path}: in its meta (the tokenizer), {problem}; it was changed after train.py wrote it: "
+                        "retrain")
     if ckpt.get("format", 0) > CHECKPOINT_FORMAT:
         raise UserError(f"{path} has checkpoint format {ckpt['format']}, newer than this code "
                         f"({CHECKPOINT_FORMAT}); update the code to read it")

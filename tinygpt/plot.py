@@ -21,7 +21,7 @@ import torch
 from config import UserError, help_text, load_config, option
 from model import CausalAverage, MultiHeadAttention, tril_mask
 from tinygpt import system
-from tinygpt.files import checkpoint_path, write_atomic, write_error
+from tinygpt.files import check_path, checkpoint_path, write_atomic, write_error
 from tinygpt.weights import model_from_checkpoint
 
 SHORT = 48  # prompts up to this many tokens get their characters as tick labels
@@ -65,6 +65,7 @@ def pyplot():
 
 def read_evals(run):
     """The eval records (iter, train_loss, val_loss) in a run's log.jsonl, in order."""
+    check_path(run, "--runs")
     path = Path(run) / "log.jsonl" if not run.endswith(".jsonl") else Path(run)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -192,6 +193,8 @@ def draw_heatmaps(panel, weights, labels, title=""):
 
 def run_attention(run, cfg):
     """(weights (L, H, T, T), token labels, title) for one run's checkpoint on cfg.prompt."""
+    for option, given in (("--out_dir", run), ("--checkpoint", cfg.checkpoint)):
+        check_path(given, option)
     path = checkpoint_path(run, cfg.checkpoint)
     model, tokenizer = model_from_checkpoint(path, "cpu")
     if unknown := tokenizer.unknown(cfg.prompt):
@@ -267,6 +270,7 @@ def main(argv):
         print(f"usage: python -m tinygpt.plot {what} {usage}\n\noptions:{options}")
         return 0
     cfg = load_config(cls, name_positionals(rest, positional))
+    check_path(cfg.out, "--out")
     path = Path(cfg.out)
     kind = path.suffix.lstrip(".").lower()
     if kind not in ("png", "svg", "pdf"):  # before any work

@@ -4,27 +4,16 @@ checked against the tokenizer and encoded; generated tokens back to text as they
 import re
 import sys
 import unicodedata
-from pathlib import Path
 
 from config import UserError
-
-
-def read_text(path, option_name):
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{option_name}: file {path} not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{option_name}: {path} is a directory; pass a text file") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{option_name}: file {path} is not UTF-8 text") from None
+from tinygpt.textfiles import read_text
 
 
 def read_prompts(start, prompts_file=""):
     """[(text, source, first_line)]: each prompt and where it came from, for messages. start: the
     prompt, or FILE:path; prompts_file: a file of prompts, one a line (blank lines skipped)."""
     if prompts_file:
-        lines = read_text(prompts_file, "--prompts").splitlines()
+        lines = read_text(prompts_file, "--prompts").split("\n")  # not splitlines(): a form feed is no new line
         prompts = [(line, prompts_file, n) for n, line in enumerate(lines, 1) if line.strip()]
         if not prompts:
             raise UserError(f"--prompts: file {prompts_file} has no prompts; write one a line")

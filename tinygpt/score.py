@@ -15,7 +15,9 @@ from config import UserError, load_config, option
 from tinygpt import system
 from tinygpt.dataset import mean_loss
 from tinygpt.device import autocast, choose_device, pick_dtype
-from tinygpt.prompts import drop_unknown, read_text
+from tinygpt.files import checkpoint_path
+from tinygpt.prompts import drop_unknown
+from tinygpt.textfiles import read_text
 from tinygpt.weights import load_model
 
 
@@ -51,6 +53,10 @@ def main(argv):
         raise UserError(f"--input {cfg.input} has {len(ids)} token(s); scoring needs 2 or more (the first has no "
                         "context)")
     loss = mean_loss(model, ids, model.config.block_size, cfg.batch_size, device, autocast(device_type, dtype))
+    if not math.isfinite(loss):  # NaN weights (a damaged checkpoint), or an overflow
+        model_name = checkpoint_path(cfg.out_dir, cfg.checkpoint) if cfg.init_from == "resume" else cfg.init_from
+        raise UserError(f"{model_name} gives a loss of {loss} on --input {cfg.input}: its weights are damaged or "
+                        "overflow; score another checkpoint (--checkpoint), or retrain")
     scored_tokens = len(ids) - 1
     scored_chars = len(text) - len(tokenizer.decode(ids[:1]))
     bits = loss * scored_tokens / math.log(2)

@@ -10,7 +10,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from config import UserError
-from tinygpt.files import write_atomic
+from tinygpt.files import check_path, write_atomic
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -18,44 +18,77 @@ SHAKESPEARE_BYTES = 1_115_394
 CHUNK_BYTES = 1 << 23  # read and encode 8 MiB at a time
 
 
-def read_chunks(path, hasher=None, bar=None, shown=None):
-    """Yields the text of a UTF-8 file piece by piece, checking it on the way: the UserError for a NUL byte or
-    invalid UTF-8 gives its offset in the file, also when a character's bytes are split between two reads.
-    shown: the file's name in messages (that of the pipe a spooled copy came from)."""
+# Byte order marks of the encodings other than UTF-8 that a text comes in; UTF-32 LE's begins as UTF-16 LE's does.
+BOMS = [(codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+        (codecs.BOM_UTF16_BE, "UTF-16")]
+
+
+def read_text(path, option):
+    """The whole text of the file at path, given as option (--start): read as prepare.py reads its inputs."""
+    check_path(path, option)
+    return "".join(read_chunks(path, what=f"{option} file"))
+
+
+def read_chunks(path, hasher=None, bar=None, shown=None, what="input file", notes=None):
+    r"""Yields the text of a UTF-8 file piece by piece, as every script reads a text: a byte order mark at its start
+    dropped, \r\n and \r read as \n as Python reads text (noted in the set notes, if given). The UserError for a NUL
+    byte, another encoding or invalid UTF-8 gives its offset in the file, also when a character's bytes are split
+    between two reads. shown: the file's name in messages (that of the pipe a spooled copy came from); what: what the
+    file is, in messages."""
     shown = Path(shown or path)
     try:
         f = open(path, "rb")
     except FileNotFoundError:
-        raise UserError(f"input file {shown} not found") from None
+        raise UserError(f"{what} {shown} not found") from None
     except OSError as e:  # a directory, say, or no permission
-        raise UserError(f"cannot read input file {shown} ({e.strerror}); pass a readable text file") from None
-    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+        raise UserError(f"cannot read {what} {shown} ({e.strerror}); pass a readable text file") from None
+    decoder, offset, held = codecs.getincrementaldecoder("utf-8")(), 0, ""
     with f:
         while data := f.read(CHUNK_BYTES):
-            if b"\x00" in data:
-                raise UserError(f"input file {shown} looks binary (NUL byte at offset {offset + data.index(0)}); "
-                                "pass a text file")
-            text = decode(decoder, data, offset, shown)
+            check_encoding(data, offset, shown, what)
+            bom = len(codecs.BOM_UTF8) if offset == 0 and data.startswith(codecs.BOM_UTF8) else 0
+            text = held + decode(decoder, data[bom:], offset + bom, shown, what)
+            text, held = (text[:-1], "\r") if text.endswith("\r") else (text, "")  # its \n may be in the next read
+            if notes is not None and "\r" in text:
+                notes.add("line endings \\r\\n and \\r read as \\n")
             offset += len(data)
             if hasher:
                 hasher.update(data)
             if bar:
                 bar.update(len(data))
             if text:  # empty when the read ended inside a character's bytes
-                yield text
+                yield text.replace("\r\n", "\n").replace("\r", "\n")
         if offset == 0:
-            raise UserError(f"input file {shown} is empty; pass a file with some text in it")
-        decode(decoder, b"", offset, shown, final=True)  # a character cut off by the end of the file
+            raise UserError(f"{what} {shown} is empty; pass a file with some text in it")
+        decode(decoder, b"", offset, shown, what, final=True)  # a character cut off by the end of the file
+        if held:
+            yield "\n"
 
 
-def decode(decoder, data, offset, path, final=False):
+def check_encoding(data, offset, shown, what):
+    """A UserError if data, read at offset from a file, shows it is no UTF-8 text: UTF-16 or UTF-32 (by the byte
+    order mark at its start, or ASCII's every other byte 0), which to its writer is text: say how to convert it; else
+    binary (a NUL byte)."""
+    head = data[:1024] if offset == 0 else b""
+    encoding = next((name for bom, name in BOMS if head.startswith(bom)), None)
+    for name, high, low in (("UTF-16LE", head[1::2], head[::2]), ("UTF-16BE", head[::2], head[1::2])):
+        if not encoding and 0 not in low and high.count(0) > len(high) / 2:  # no mark, but most high bytes 0
+            encoding = name
+    if encoding:
+        raise UserError(f"{what} {shown} is {encoding} text, not UTF-8; convert it: iconv -f {encoding} -t UTF-8 "
+                        f"{shown} > {shown.with_stem(shown.stem + '-utf8')}")
+    if b"\x00" in data:
+        raise UserError(f"{what} {shown} looks binary (NUL byte at offset {offset + data.index(0)}); pass a text file")
+
+
+def decode(decoder, data, offset, path, what, final=False):
     try:
         return decoder.decode(data, final=final)
     except UnicodeDecodeError as e:
         # e.start counts from the bytes the decoder held back from the last read.
         at = offset - len(decoder.getstate()[0]) + e.start
-        raise UserError(f"input file {path} is not valid UTF-8 (byte {e.object[e.start]:#04x} at offset {at}); "
-                        "convert it, e.g. iconv -f latin1 -t utf-8") from None
+        raise UserError(f"{what} {path} is not valid UTF-8 (byte {e.object[e.start]:#04x} at offset {at}); "
+                        "convert it, e.g. from Windows' encoding: iconv -f cp1252 -t utf-8") from None
 
 
 def regular_files(files, stage):
@@ -74,8 +107,7 @@ def regular_files(files, stage):
         shown[files[i]] = path
         with src, open(files[i], "wb") as out:
             while data := src.read(CHUNK_BYTES):
-                if b"\x00" in data:  # /dev/urandom, say, which would fill the disk
-                    raise UserError(f"input file {path} looks binary (a NUL byte); pass a text file")
+                check_encoding(data, out.tell(), path, "input file")  # /dev/urandom, say, would fill the disk
                 out.write(data)
     return files, shown
 
@@ -83,7 +115,9 @@ def regular_files(files, stage):
 def input_files(inputs):
     """The files to read, in order; a directory stands for its *.txt files, sorted."""
     files = []
-    for name in map(Path, inputs):
+    for name in inputs:
+        check_path(name, "--input")
+        name = Path(name)
         if name.is_dir():
             found = sorted(p for p in name.glob("*.txt") if p.is_file())
             if not found:

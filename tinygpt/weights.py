@@ -13,13 +13,15 @@ import torch
 from config import AUTO, UserError
 from model import GPT, GPTConfig
 from tinygpt import export, gpt2
-from tinygpt.files import checkpoint_path, load_checkpoint
+from tinygpt.files import check_path, checkpoint_path, load_checkpoint
 from tinygpt.tokenizer import tokenizer_from_meta
 
 
 def load_model(init_from, out_dir, checkpoint, device):
     """(model in eval mode on device, tokenizer): GPT-2 if init_from names it, else (resume) the
     checkpoint named in out_dir, best.pt when there is one (checkpoint_path)."""
+    for option, path in (("--out_dir", out_dir), ("--checkpoint", checkpoint), ("--init_from", init_from)):
+        check_path(path, option, directory=option == "--out_dir")
     if init_from != "resume" and checkpoint_path(init_from).is_file():  # a directory train.py wrote to
         init_from, out_dir = "resume", init_from
     if init_from == "resume":
@@ -34,19 +36,26 @@ def load_model(init_from, out_dir, checkpoint, device):
 def model_from_checkpoint(path, device):
     """(model in eval mode on device, tokenizer), both from one checkpoint file."""
     ckpt = load_checkpoint(path, "cpu")  # to the CPU first: only the weights need to go to the device
-    said, state = tuple(ckpt["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_layer")), ckpt["model"]
+    config, state, tokenizer = ckpt["model_config"], ckpt["model"], tokenizer_from_meta(ckpt["meta"])
+    # The sizes model_config says, and those of the weights and the tokenizer, before a model that big is built.
+    said = (*(config.get(k) for k in ("vocab_size", "n_embd", "n_layer", "block_size")),
+            config.get("real_vocab_size") or config.get("vocab_size"))
     wte = state.get("wte.weight", torch.empty(0, 0))  # a file without it is refused below, as any other misfit
-    found = (*wte.shape, len({k.split(".")[1] for k in state if k.startswith("blocks.")}) or said[2])
-    if wte.numel() and found != said:  # before a model of that size is built
-        raise UserError(f"{path}: its model_config (vocab_size, n_embd, n_layer {said}) does not match its weights "
-                        f"{found}: it was changed after train.py wrote it; retrain")
+    positions = state["wpe.weight"].shape[:1] if "wpe.weight" in state else said[3:4]  # learned: block_size rows
+    found = (*wte.shape, len({k.split(".")[1] for k in state if k.startswith("blocks.")}) or said[2], *positions,
+             tokenizer.vocab_size)
+    if wte.numel() and found != said:
+        raise UserError(f"{path}: its model_config (vocab_size, n_embd, n_layer, block_size, tokens {said}) does not "
+                        f"match its weights and tokenizer {found}: it was changed after train.py wrote it; retrain")
     try:
-        model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": 0.0}))
-        model.load_state_dict(ckpt["model"])
+        model = GPT(GPTConfig(**{**config, "dropout": 0.0}))
+        model.load_state_dict(state)
     except (TypeError, ValueError, RuntimeError) as e:
-        raise UserError(f"{path} does not fit this version of model.py ({str(e).strip().splitlines()[0][:200]}); "
-                        "sample with the code that trained it, or retrain") from None
-    return model.to(device).eval(), tokenizer_from_meta(ckpt["meta"])
+        lines = str(e).strip().splitlines()  # load_state_dict's first line is a heading: its second says what
+        what = lines[min(1, len(lines) - 1)].strip()[:200]
+        raise UserError(f"{path} does not fit this version of model.py ({what}); sample with the code that trained "
+                        "it, or retrain") from None
+    return model.to(device).eval(), tokenizer
 
 
 # --- Resuming -------------------------------------------------------------------------------------------
@@ -103,6 +112,7 @@ class Weights:
 def load_weights(init_from, out_dir):
     """The weights --init_from names: GPT-2 (a name or a directory), a checkpoint file, or a directory train.py
     wrote to (its best.pt, or ckpt.pt)."""
+    check_path(init_from, "--init_from")
     init_from = str(checkpoint_path(init_from)) if checkpoint_path(init_from).is_file() else init_from
     if gpt2.is_gpt2(init_from):
         config, state, meta = export.load(init_from)
