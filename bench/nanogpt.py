@@ -1,11 +1,15 @@
 """Side by side with nanoGPT on one machine: training and sampling, the same config and data.
 
-    python bench/nanogpt.py --nanogpt=../shared/peers/nanoGPT --input=../shared/data/tinyshakespeare/input.txt
-    python bench/nanogpt.py --nanogpt=... --input=... --repeats=3 --runs=nanogpt --runs=classic --runs=fast
-    python bench/nanogpt.py --nanogpt=... --input=... --device=cuda    # the GPU reference run, against ours
-    python bench/nanogpt.py --training=false    # sampling only, the trained runs in --work for whole-process
+    git clone https://github.com/karpathy/nanoGPT && git -C nanoGPT checkout 3adf61e   # nanoGPT, once
+    python prepare.py                                 # Tiny Shakespeare -> data/shakespeare_char/input.txt, once
+    python bench/nanogpt.py --nanogpt=nanoGPT --input=data/shakespeare_char/input.txt
+    python bench/nanogpt.py --nanogpt=nanoGPT --input=... --repeats=3 --runs=nanogpt --runs=classic --runs=fast
+    python bench/nanogpt.py --nanogpt=nanoGPT --input=... --device=cuda    # the GPU reference run, against ours
+    python bench/nanogpt.py --nanogpt=nanoGPT --input=... --training=false  # sampling only
 
-nanoGPT is copied into --work (it writes into its own folders) and prepares its own
+--nanogpt and --input have no default: an unmodified nanoGPT checkout (the figures in
+docs/results.md are of commit 3adf61e), and Tiny Shakespeare (python prepare.py downloads
+it). nanoGPT is copied into --work (it writes into its own folders) and prepares its own
 data from --input; this repository prepares the same text. Then each run is a whole
 process, the runs take turns (nanoGPT, then ours, and again for --repeats), and for
 each the table gives: median ms per training step, wall time of the whole process,
@@ -61,6 +65,7 @@ from tinygpt.dataset import mean_loss  # noqa: E402
 from tinygpt.decoding import generate  # noqa: E402
 from tinygpt.device import peak_flops, pick_dtype  # noqa: E402
 from tinygpt.system import keep_freed_memory  # noqa: E402
+from tinygpt.textfiles import SHAKESPEARE_URL  # noqa: E402
 
 # nanoGPT's CPU configuration, as its README gives it.
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
@@ -87,12 +92,16 @@ MODES = {  # per device: nanoGPT's arguments, ours by name, the evaluation both 
     },
 }
 A100_BF16 = 312e12  # the peak nanoGPT's printed MFU is against
+GET_NANOGPT = ("git clone https://github.com/karpathy/nanoGPT then git -C nanoGPT checkout 3adf61e, and pass "
+               "--nanogpt=nanoGPT")
+GET_INPUT = (f"python prepare.py downloads Tiny Shakespeare (from {SHAKESPEARE_URL}) to "
+             "data/shakespeare_char/input.txt: pass --input=data/shakespeare_char/input.txt")
 
 
 @dataclass
 class BenchConfig:
-    nanogpt: str = option("../shared/peers/nanoGPT", "an unmodified nanoGPT checkout")
-    input: str = option("../shared/data/tinyshakespeare/input.txt", "Tiny Shakespeare")
+    nanogpt: str = option("", "an unmodified nanoGPT checkout (required: git clone, then checkout 3adf61e)")
+    input: str = option("", "Tiny Shakespeare (required: python prepare.py writes data/shakespeare_char/input.txt)")
     device: str = option("cpu", "cpu: nanoGPT's CPU configuration; cuda: its GPU reference run", choices=tuple(MODES))
     runs: list[str] = option([], "which training runs: nanogpt, or one of ours by name (cpu: classic, classic_lr1e-3, "
                              "fast, sprint; cuda: reference, fast), or NAME=PRESET --key=value ... (none: all of them)")
@@ -127,9 +136,9 @@ def setup(cfg, work):
     """nanoGPT's copy with its data prepared, and ours."""
     nano = work / "nanoGPT"
     if not (Path(cfg.nanogpt) / "train.py").is_file():
-        raise UserError(f"--nanogpt {cfg.nanogpt}: no nanoGPT checkout there (train.py missing)")
+        raise UserError(f"--nanogpt {cfg.nanogpt}: no nanoGPT checkout there (train.py missing); {GET_NANOGPT}")
     if not Path(cfg.input).is_file():
-        raise UserError(f"--input {cfg.input} not found")
+        raise UserError(f"--input {cfg.input} not found; {GET_INPUT}")
     if not (nano / "data/shakespeare_char/meta.pkl").is_file():
         shutil.rmtree(nano, ignore_errors=True)
         shutil.copytree(cfg.nanogpt, nano, ignore=shutil.ignore_patterns("out*", ".git"))
@@ -371,6 +380,10 @@ def steps_taking_turns(nano, mode, runs, rounds):
 def main(argv):
     cfg = load_config(BenchConfig, argv, "bench/nanogpt.py", __doc__.strip().splitlines()[0])
     mode = MODES[cfg.device]
+    if not cfg.nanogpt:  # no default: what this compares with is the user's to name
+        raise UserError(f"--nanogpt is required: {GET_NANOGPT}")
+    if not cfg.input:
+        raise UserError(f"--input is required: {GET_INPUT}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device=cuda: no CUDA device here; use --device=cpu")
     work = Path(cfg.work).resolve()
