@@ -1,15 +1,20 @@
 """Your own text, trained well: the automatic run against the presets and its neighbours.
 
-    python bench/own_text.py                                   # the whole panel: about 3 hours on 2 cores
-    python bench/own_text.py --texts=license --runs=auto      # one text, one run
-    python bench/own_text.py --max_time=1m --runs=auto,cpu_fast # every text at another budget
-    python bench/own_text.py --report_only=true                # the table again, from the runs on disk
+    python bench/own_text.py --license=fdl-1.3.txt --cyrillic=DIR --rust=DIR   # the whole panel: hours
+    python bench/own_text.py --texts=python --runs=auto          # one text, one run: needs no download
+    python bench/own_text.py ... --max_time=1m --runs=auto,cpu_fast  # every text at another budget
+    python bench/own_text.py --report_only=true                   # the table again, from the runs on disk
 
-A panel of texts nobody here wrote, of very different sizes and kinds, taken from
-files on this machine (no downloads): a license (23 KB), Vim's tutorial in Russian,
-Ukrainian and Bulgarian (Cyrillic, 171 KB), Tiny Shakespeare (1.1 MB), the Rust
-book, reference and Cargo guide as text (English prose and code, about 5 MB), and
-the Python standard library's source (program text, 31 MB). For each, with the same
+A panel of texts nobody here wrote, of very different sizes and kinds, each from files
+anyone can get (docs/own_text.md gives the downloads): the GNU FDL 1.3 (--license: a file,
+23 KB, https://www.gnu.org/licenses/fdl-1.3.txt), Vim's tutorial in Russian, Ukrainian and
+Bulgarian (--cyrillic: a folder holding Vim 9.0's tutor.ru.utf-8, tutor.uk.utf-8 and
+tutor.bg.utf-8, from https://github.com/vim/vim/tree/v9.0.1378/runtime/tutor; Cyrillic,
+171 KB), Tiny Shakespeare (--shakespeare: python prepare.py downloads it; 1.1 MB), the
+Rust book, reference and Cargo guide as text (--rust: the html folder of rustup's rust-docs
+component; English prose and code, about 5 MB), and the Python standard library's source
+(--python: a Lib folder; by default this Python's own; program text, 31 MB). A text's
+folder in --out, once made, is used again without its source. For each, with the same
 time budget (--max_time, everything included): the automatic choice (no preset);
 each CPU preset; and the automatic choice's neighbours: one model size smaller and
 larger (budget.SHAPES), and half and double the steps (twice and half the batch, so
@@ -39,9 +44,7 @@ from tinygpt import budget, system  # noqa: E402
 from tinygpt.dataset import load_data, mean_loss  # noqa: E402
 from tinygpt.files import load_checkpoint  # noqa: E402
 
-SHAKESPEARE = ROOT.parent / "shared/data/tinyshakespeare/input.txt"
-RUST_DOCS = Path.home() / ".rustup/toolchains/stable-x86_64-unknown-linux-gnu/share/doc/rust/html"
-PYTHON_LIB = Path(sysconfig.get_paths()["stdlib"])
+PYTHON_LIB = Path(sysconfig.get_paths()["stdlib"])  # every Python has its own
 PRESETS = {"cpu": "config/shakespeare_char_cpu.toml", "cpu_fast": "config/shakespeare_char_cpu_fast.toml"}
 GRID = ("smaller", "larger", "half_steps", "double_steps")
 TEXT_NAMES = ("license", "cyrillic", "shakespeare", "rust", "python")  # TEXTS, below
@@ -50,6 +53,11 @@ TEXT_NAMES = ("license", "cyrillic", "shakespeare", "rust", "python")  # TEXTS, 
 @dataclass
 class BenchConfig:
     texts: list[str] = option(list(TEXT_NAMES), "which texts of the panel, comma-separated")
+    license: str = option("", "the GNU FDL 1.3 as text: curl -O https://www.gnu.org/licenses/fdl-1.3.txt")
+    cyrillic: str = option("", "a folder with Vim's tutor.ru.utf-8, tutor.uk.utf-8, tutor.bg.utf-8 (docs/own_text.md)")
+    shakespeare: str = option("data/shakespeare_char/input.txt", "Tiny Shakespeare: python prepare.py downloads it")
+    rust: str = option("", "the Rust docs' html folder: rustup component add rust-docs, then its share/doc/rust/html")
+    python: str = option("", "a Python standard library's folder (empty: this Python's own, from sysconfig)")
     runs: list[str] = option(["auto", *PRESETS, *GRID], "which runs, comma-separated: auto, the presets, the grid")
     max_time: str = option("5m", "the time budget of every run")
     out: str = option("out/own_text", "where the texts, data sets and runs go")
@@ -81,9 +89,12 @@ class TextOfHTML(html.parser.HTMLParser):
             self.parts.append(data)
 
 
-def rust_docs_text():
-    pages = [p for book in ("book", "reference", "cargo") for p in sorted((RUST_DOCS / book).rglob("*.html"))
+def rust_docs_text(cfg):
+    docs = given(cfg, "rust")
+    pages = [p for book in ("book", "reference", "cargo") for p in sorted((docs / book).rglob("*.html"))
              if p.name not in ("print.html", "toc.html", "404.html")]
+    if not pages:
+        raise UserError(f"--rust {docs}: no book, reference or cargo pages there; {TEXTS['rust'][1]}")
     texts = []
     for page in pages:
         parser = TextOfHTML()
@@ -92,8 +103,8 @@ def rust_docs_text():
     return "\n".join(texts)
 
 
-def python_source_text():
-    files = sorted(p for p in PYTHON_LIB.rglob("*.py") if "site-packages" not in p.parts)
+def python_source_text(cfg):
+    files = sorted(p for p in Path(cfg.python or PYTHON_LIB).rglob("*.py") if "site-packages" not in p.parts)
     return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
 
 
@@ -101,29 +112,45 @@ def files_text(*paths):
     return "\n".join(Path(p).read_text(encoding="utf-8") for p in paths)
 
 
-TUTOR = Path("/usr/share/vim/vim90/tutor")
-TEXTS = {  # name: (what it is, the files it comes from, how to make it)
-    "license": ("GNU FDL 1.3, English legal text", "/usr/share/common-licenses/GFDL-1.3",
-                lambda: files_text("/usr/share/common-licenses/GFDL-1.3")),
-    "cyrillic": ("Vim's tutorial in Russian, Ukrainian, Bulgarian", TUTOR / "tutor.{ru,uk,bg}.utf-8",
-                 lambda: files_text(*(TUTOR / f"tutor.{lang}.utf-8" for lang in ("ru", "uk", "bg")))),
-    "shakespeare": ("Tiny Shakespeare, English verse", SHAKESPEARE, lambda: files_text(SHAKESPEARE)),
-    "rust": ("the Rust book, reference and Cargo guide, English prose and code", RUST_DOCS / "{book,reference,cargo}",
+def given(cfg, name):
+    """The path the option --NAME gives, or one error line saying where to get it."""
+    if not getattr(cfg, name):
+        raise UserError(f"the {name} text needs --{name}: {TEXTS[name][1]}")
+    return Path(getattr(cfg, name))
+
+
+TUTOR = "https://raw.githubusercontent.com/vim/vim/v9.0.1378/runtime/tutor"  # Vim 9.0's tutorials
+CYRILLIC = ("ru", "uk", "bg")
+TEXTS = {  # name: (what it is, where to get it, how to make it from the options)
+    "license": ("GNU FDL 1.3, English legal text",
+                "curl -O https://www.gnu.org/licenses/fdl-1.3.txt, then --license=fdl-1.3.txt",
+                lambda cfg: files_text(given(cfg, "license"))),
+    "cyrillic": ("Vim's tutorial in Russian, Ukrainian, Bulgarian",
+                 f"a folder with tutor.ru.utf-8, tutor.uk.utf-8 and tutor.bg.utf-8: curl -O {TUTOR}/tutor.ru.utf-8, "
+                 "and uk, bg",
+                 lambda cfg: files_text(*(given(cfg, "cyrillic") / f"tutor.{lang}.utf-8" for lang in CYRILLIC))),
+    "shakespeare": ("Tiny Shakespeare, English verse",
+                    "python prepare.py downloads it to data/shakespeare_char/input.txt",
+                    lambda cfg: files_text(given(cfg, "shakespeare"))),
+    "rust": ("the Rust book, reference and Cargo guide, English prose and code",
+             'rustup component add rust-docs, then --rust="$(rustc --print sysroot)/share/doc/rust/html"',
              rust_docs_text),
-    "python": ("the Python standard library's source", PYTHON_LIB / "**/*.py", python_source_text),
+    "python": ("the Python standard library's source", "a folder of Python source, e.g. a Python's Lib",
+               python_source_text),
 }
 
 
-def prepared(name, out):
+def prepared(name, cfg):
     """data/NAME for the text, made (text, then prepare.py) if it is not there yet."""
+    out = Path(cfg.out)
     text_path, data_dir = out / "texts" / f"{name}.txt", out / "data" / name
     if not (data_dir / "meta.json").is_file():
         if not text_path.is_file():
             what, source, make = TEXTS[name]
             try:
-                text = make()
+                text = make(cfg)
             except OSError as e:
-                raise UserError(f"text {name} ({what}) comes from {source}, which this machine lacks: {e}") from None
+                raise UserError(f"text {name} ({what}): {e}; {source}") from None
             text_path.parent.mkdir(parents=True, exist_ok=True)
             text_path.write_text(text, encoding="utf-8")
         command = [sys.executable, "prepare.py", "--input", str(text_path), "--out_dir", str(data_dir)]
@@ -220,9 +247,9 @@ def main(argv):
     for name in texts:
         if name not in TEXTS:
             raise UserError(f"unknown text {name!r}; the panel has {', '.join(TEXTS)}")
+    data_dirs = {name: prepared(name, cfg).resolve() for name in texts}  # a missing source ends it before a run
     rows = []
-    for name in texts:
-        data_dir = prepared(name, out).resolve()
+    for name, data_dir in data_dirs.items():
         meta = load_data(data_dir)[0]
         print(f"{name}: {TEXTS[name][0]}; {meta['train_tokens'] + meta['val_tokens']:,} characters, "
               f"vocabulary {meta['vocab_size']}", flush=True)
