@@ -1,5 +1,6 @@
 """README.md and docs/: every command they give names a script that exists, every --flag is one of
-that script's options, and every preset and page they point to is there."""
+that script's options, every preset and page they point to is there, and no path they name is outside
+the repository."""
 
 import dataclasses
 import importlib
@@ -15,6 +16,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "data
 # command: a comment, a pipe, the next command, the end of a code span or line.
 COMMAND = re.compile(r"(?:python3?|torchrun[^`\n]*?)[ \t]+(-m[ \t]+tinygpt\.\w+|[\w/]+\.py)\b([^`\n#|;&]*)")
 FLAG = re.compile(r"(?<![\w-])--([a-z][\w-]*)")
+# A path a user's clone does not have: above the repository (commands run from its root), /tmp, a home directory.
+OUTSIDE = re.compile(r"(?<![\w.])(?:\.\./|/tmp/|~/|\$HOME\b|/home/|/root/|/Users/)")
+LINK = re.compile(r"\]\(([^)\s]*)\)")
 
 
 def options_of(module):
@@ -95,6 +99,18 @@ def test_every_preset_and_page_named_exists():
 
 def test_the_readme_is_a_front_door():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= 220
+    assert len(lines) <= 200
     headings = [line for line in lines if line.startswith("#")]
     assert len(headings) == len(set(headings))  # a link to a heading lands on the one meant
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+def test_the_pages_name_no_path_outside_the_repository(page):
+    text = page.read_text(encoding="utf-8")
+    for target in LINK.findall(text):  # a link is read from its page's folder: docs/ links ../README.md
+        if not target.startswith(("http://", "https://")):
+            linked = (page.parent / target.split("#")[0]).resolve()
+            assert linked.is_relative_to(ROOT), f"{page.relative_to(ROOT)}: a link out of the repository: {target}"
+    for number, line in enumerate(LINK.sub("]()", text).splitlines(), 1):
+        found = OUTSIDE.search(line)
+        assert not found, f"{page.relative_to(ROOT)}:{number}: {found[0]!r} is outside the repository: {line.strip()}"
