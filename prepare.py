@@ -93,9 +93,9 @@ def how_to_fix(e, out_dir):
 
 
 def make_default(data_dir, processes):
-    """train.py's data set on a fresh clone: data/shakespeare_char, made as `python prepare.py` makes it
-    (downloaded, checked). No other, whose error names its command; and by one process alone (under
-    torchrun they would race)."""
+    """train.py's data set on a fresh clone: data/shakespeare_char, made as `python prepare.py`
+    makes it (downloaded, checked). No other, whose error names its command; and by one process
+    alone (under torchrun they would race)."""
     if Path(data_dir) == Path("data/shakespeare_char") and processes == 1:
         print(f"{data_dir} is not there yet: preparing it first, as python prepare.py does")
         if main([]):
@@ -113,7 +113,8 @@ def default_out_dir(first_input, files, tokenizer):
 def write_dataset(stage, files, tokenizer, val_fraction, source, notes=None):
     """Writes train.bin, val.bin and meta.json into the directory stage, reading the files chunk by
     chunk, so memory stays bounded whatever their size. Returns the tokenizer (for char, made from
-    the text) and (characters, tokens, train tokens); notes: a set for what reading the text noted (read_chunks)."""
+    the text) and (characters, tokens, train tokens); notes: a set for what reading the text noted
+    (read_chunks)."""
     files, shown = regular_files(files, stage)  # shown: a copy of a pipe -> the pipe, for messages
     stats = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     total = sum(size for size, _ in stats)
@@ -148,8 +149,9 @@ def separator(tokenizer, previous):
 
 
 def encode_files(files, shown, tokenizer, dtype, out, bar=None, notes=None):
-    """Writes the ids of the files, one document after another, to the open file out (new, empty),
-    a chunk at a time. Returns (tokens, characters, sha256 of all the input bytes); notes: see read_chunks."""
+    """Writes the ids of the files, one document after another, to the open file out (new, empty), a
+    chunk at a time. Returns (tokens, characters, sha256 of all the input bytes); notes: see
+    read_chunks."""
     hasher, threads, n_chars, last = hashlib.sha256(), system.cpu_count(), 0, ""
     for i, path in enumerate(files):
         if i:

@@ -1,11 +1,11 @@
 r"""Generates text from a checkpoint written by train.py, printing it as it comes.
 
-    python sample.py                                    # what python train.py trained, in out/shakespeare_char
+    python sample.py                        # what python train.py trained, in out/shakespeare_char
     python sample.py --start="ROMEO:" --num_samples=3 --max_new_tokens=200
     python sample.py --start=FILE:prompt.txt --temperature=0
     python sample.py --prompts=prompts.txt    # one prompt a line, one batch
     python sample.py --start="ROMEO:" --stop="\n\n"   # each sample ends at a blank line
-    python sample.py --init_from=gpt2-xl --start="The meaning of life is"   # GPT-2 (see tinygpt/gpt2.py)
+    python sample.py --init_from=gpt2-xl --start="The meaning of life is"   # tinygpt/gpt2.py
 
 The checkpoint holds all that is needed: the weights, the model's shape and the
 tokenizer. Samples go to stdout, separated by a line of dashes; warnings go to stderr.
@@ -29,35 +29,34 @@ SEPARATOR = "-" * 40
 
 @dataclass
 class SampleConfig:
-    out_dir: str = option("out/shakespeare_char", "the directory train.py wrote its checkpoints to (its default: "
-                          "out/shakespeare_char)")
-    checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); "
-                             "empty: best.pt when it exists")
-    init_from: str = option("resume", "resume: the checkpoint in out_dir; or GPT-2: gpt2, gpt2-medium, gpt2-large, "
-                            "gpt2-xl, or a directory in the Hugging Face layout (config.json, model.safetensors)")
-    start: str = option("", "the prompt, or FILE:path to read it from a file; empty starts from a newline")
-    prompts: str = option("", "a file of prompts, one a line (blank lines skipped), generated in one batch")
+    out_dir: str = option("out/shakespeare_char", "where train.py wrote its checkpoints")
+    checkpoint: str = option("", "best.pt (lowest val loss) or ckpt.pt (latest); empty: best.pt "
+                             "if there is one")
+    init_from: str = option("resume", "resume: out_dir's checkpoint; or GPT-2: gpt2, gpt2-medium, "
+                            "gpt2-large, gpt2-xl, or a directory in the Hugging Face layout")
+    start: str = option("", "the prompt, or FILE:path to read it from; empty starts from a newline")
+    prompts: str = option("", "a file of prompts, one a line (blank lines skipped), in one batch")
     num_samples: int = option(1, "how many samples to generate (for each prompt)", low=1)
     max_new_tokens: int = option(500, "tokens to generate in each sample", low=0)
-    stop: list[str] = option([], "end a sample where it first generates this text, which is not printed; repeat "
+    stop: list[str] = option([], "end a sample where it first says this text, not printed; repeat "
                              "for more; \\n and \\t stand for a newline and a tab")
-    temperature: float = option(0.8, "below 1 more predictable, above 1 more random; 0 always takes the likeliest",
+    temperature: float = option(0.8, "under 1 more predictable, over 1 more random; 0: likeliest",
                                 low=0)
-    top_k: int | None = option(200, "sample from the k likeliest tokens only (none: no limit)", low=1)
-    top_p: float = option(1.0, "sample from the likeliest tokens whose probabilities add up to p (1: no limit)",
+    top_k: int | None = option(200, "sample from the k likeliest tokens (none: no limit)", low=1)
+    top_p: float = option(1.0, "the likeliest tokens whose probabilities add up to p (1: no limit)",
                           above=0, high=1)
-    unknown: str = option("error", "prompt characters the model never saw: error, or skip (drop them, with a warning)",
+    unknown: str = option("error", "prompt characters the model never saw: error, or skip (warned)",
                           choices=("error", "skip"))
-    seed: int = option(1337, "random seed: the same seed and settings give the same text", low=0, high=2**63 - 1)
+    seed: int = option(1337, "the same seed and settings give the same text", low=0, high=2**63 - 1)
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
-    dtype: str = option("auto", "auto (bf16 on CUDA if supported, else fp16; fp32 on CPU), float32, bfloat16, float16",
+    dtype: str = option("auto", "auto (bf16 on CUDA if supported, else fp16; fp32 on CPU)",
                         choices=("auto", "float32", "bfloat16", "float16"))
-    kv_cache: bool = option(True, "keep earlier positions' keys and values (false: recompute the context each token)")
+    kv_cache: bool = option(True, "keep earlier positions' keys and values (false: recompute them)")
 
 
 def write(text):
     print(text, end="", flush=True)  # flushed, so each token shows as soon as it exists
-    if getattr(sys.stdout, "lost", False):  # system.cli's stdout failed, the reader gone (| head): stop
+    if getattr(sys.stdout, "lost", False):  # cli's stdout failed, the reader gone (| head): stop
         raise BrokenPipeError
 
 
@@ -77,10 +76,11 @@ def print_samples(model, rows, cfg, tokenizer, generator):
 
     for r, ids in enumerate(rows):
         add(r, tokenizer.decode(ids))  # the prompt, as the tokenizer reads it
-    tokens = decoding.stream(model, idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, valid=valid,
-                             use_cache=cfg.kv_cache, generator=generator)
+    tokens = decoding.stream(model, idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                             valid=valid, use_cache=cfg.kv_cache, generator=generator)
     # A batch prints when it is done: until then a bar on a terminal's stderr says how far it is.
-    for token in tqdm(tokens, f"{len(rows):,} samples", cfg.max_new_tokens, unit="token", disable=live or None):
+    for token in tqdm(tokens, f"{len(rows):,} samples", cfg.max_new_tokens, unit="token",
+                      disable=live or None):
         for r, t in enumerate(token[:, 0].tolist()):
             add(r, streams[r].push([t]))
         if all(stream.stopped for stream in streams):

@@ -445,7 +445,8 @@ def make_optimizer(model, cfg, device_type):
     rest = [p for _, p in named if all(p is not m for m in muon)]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-    # The fused kernel updates every tensor in one pass: on a CPU a third of the per-tensor loop's time.
+    # The fused kernel updates every tensor in one pass: on a CPU a third of the per-tensor loop's
+    # time.
     adamw = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
                               fused=device_type != "mps")
     return optim.Optimizers(adamw, optim.muon(muon, cfg)) if muon else adamw
@@ -454,7 +455,8 @@ def make_optimizer(model, cfg, device_type):
 def save_checkpoint(run, val_loss, *names):
     """What ckpt.pt holds after step run.it, in tensors and plain data (enough to resume exactly, or
     sample), saved as each of names; val_loss: that step's evaluation, or None (saved on a signal).
-    Each file is written whole or not at all: a crash leaves the previous checkpoint or the new one."""
+    Each file is written whole or not at all: a crash leaves the previous checkpoint or the new one.
+    """
     state = {"format": files.CHECKPOINT_FORMAT, "model": run.raw_model.state_dict(),
              "model_config": dataclasses.asdict(run.raw_model.config),
              "train_config": dataclasses.asdict(run.cfg), "meta": run.meta, "val_loss": val_loss,

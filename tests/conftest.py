@@ -1,13 +1,16 @@
-"""Shared fixtures: one thread for torch, a small prepared character data set, a stop part way through a run."""
+"""Shared fixtures: one thread for torch, a fresh clock for each test, a small prepared character data set, a
+stop part way through a run."""
 
 import os
 import signal
+import time
 
 import pytest
 import torch
 
 import prepare
 import train
+from tinygpt import system
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -17,6 +20,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def fresh_clock(monkeypatch):
+    """A run's clock counts from its process's start (system.process_age); a run inside the tests' process
+    counts from its test's start, as a new process would, however long the suite has been running."""
+    started = time.monotonic()
+    monkeypatch.setattr(system, "process_age", lambda: time.monotonic() - started)
 
 
 @pytest.fixture

@@ -145,10 +145,12 @@ def fill_auto(cfg, sizes, measure, age, world=1):
     tokens, val tokens, vocabulary); measure(cfg): (seconds per step, per forward pass of a batch, the seconds
     measuring took) of a new model of cfg on each of world processes, rank 0's; age: rank 0's seconds since it
     started."""
-    cfg, chose, reason, per_token = dataclasses.replace(cfg, max_time=max_time(cfg)), {}, "", None
+    chose, reason, per_token = {"max_time": max_time(cfg)} if cfg.max_time == AUTO else {}, "", None
+    cfg = dataclasses.replace(cfg, **chose)
     left = (parse_duration(cfg.max_time) or parse_duration(DEFAULT_BUDGET)) - age  # none: sized for 5m
     if any(getattr(cfg, k) == AUTO for k in SIZED):
-        chose, reason, per_token = size_run(cfg, sizes, measure, left, world)
+        sized, reason, per_token = size_run(cfg, sizes, measure, left, world)
+        chose |= sized
     chose |= follow(dataclasses.replace(cfg, **chose), sizes, per_token, left, world)
     said = ", ".join(f"{k}={v}" for k, v in chose.items())
     return dataclasses.replace(cfg, **chose), f"auto: {said}{reason}"

@@ -1,8 +1,7 @@
 """Decoding: the model knows only forward(); this module decides which positions to feed it (stream,
 generate), keeps the keys and values of those it has seen (KVCache), and picks each next token from the
 logits (sample_next). Every step runs model.forward, with the cache or without, so what a reader changes
-in model.py is what sampling runs.
-"""
+in model.py is what sampling runs."""
 
 import contextlib
 
@@ -94,13 +93,10 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
     reach = model.config.n_layer * (span - 1) + 1 if slides else block  # the context the newest token reads
     keep = reach if slides else max(1, block - max(1, block // 4))  # tokens left in the window after it moves
     attends = model.config.mixer == "multihead"  # the rungs before keep no keys to cache
-    idx = idx[:, -block:]
-    valid = None if valid is None else valid[:, -block:]
-    cache = None
+    idx, valid, cache = idx[:, -block:], None if valid is None else valid[:, -block:], None
     for _ in range(max_new_tokens):
         if idx.size(1) > reach:
-            idx = idx[:, -keep:]
-            valid = None if valid is None else valid[:, -keep:]
+            idx, valid = idx[:, -keep:], None if valid is None else valid[:, -keep:]
             cache = cache if slides else None
         if cache is not None:  # only the newest token is not cached
             with faster_cpu_kernels(positions=1):
