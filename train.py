@@ -159,8 +159,7 @@ def set_up(cfg, procs, lock, ckpt):
         cfg = dataclasses.replace(cfg, dtype=device.NAMES[dtype])
     if AUTO in (getattr(cfg, k) for k in budget.CHOSEN):  # chosen for the data and the time
         sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
-        age = procs.broadcast((system.process_age(),))[0]  # rank 0's: all choose alike
-        cfg, chosen = budget.fill_auto(cfg, sizes, lambda c: measure(c, data, procs), age, procs.world)
+        cfg, chosen = budget.fill_auto(cfg, sizes, lambda c: measure(c, data, procs), procs.world)
         procs.say(chosen)
     seconds = cfg.max_time != AUTO and budget.parse_duration(cfg.max_time)  # a preset's auto: none
     if seconds and ckpt is None:  # a new timed run has what is left of its time, by rank 0's clock
@@ -213,16 +212,13 @@ def model_config(cfg, vocab_size):
 
 
 def measure(cfg, data, procs):
-    """(seconds per step, per forward pass of a batch, seconds it took) of a new model of cfg here,
-    rank 0's on every process: a few real steps, timed, for the sizing to choose by."""
-    started, run = time.perf_counter(), build(cfg, data, procs)
+    """Seconds per step of a new model of cfg here, rank 0's on every process: a few real steps,
+    timed, for the sizing to choose by."""
+    run = build(cfg, data, procs)
     batches = train_batches(run.splits["train"], cfg, procs.rank, 0, procs.device)
     x, y = next(batches)
     step = lambda: train_step(run.model, run.optimizer, run.scaler, run.autocast, cfg, x, y, batches)  # noqa: E731
-    step_s = budget.time_per_call(step, min_seconds=0.5)
-    with torch.no_grad(), eval_autocast(run):
-        forward_s = budget.time_per_call(lambda: run.model.eval()(x, y)[1].item(), 0.1, warmup=1)
-    return procs.broadcast((step_s, forward_s, time.perf_counter() - started))
+    return procs.broadcast((budget.time_per_call(step, min_seconds=0.5),))[0]
 
 
 def saved(cfg, name="ckpt.pt"):
@@ -232,11 +228,6 @@ def saved(cfg, name="ckpt.pt"):
 
 def tokens_per_step(run):
     return run.cfg.batch_size * run.cfg.grad_accum * run.procs.world * run.cfg.block_size
-
-
-def eval_autocast(run):
-    """An evaluation's: on a CPU none (fp32: the loss exact); elsewhere the steps'."""
-    return contextlib.nullcontext() if run.procs.device_type == "cpu" else run.autocast
 
 
 # --- The loop --------------------------------------------------------------------------------
@@ -304,8 +295,9 @@ def evaluate(run, lr, progress, write):
     which all decide alike; rank 0 logs them and saves ckpt.pt, and best.pt when val improved. A
     stop signal ends it between two batches, and weights whose loss is not finite, unsaved."""
     model = getattr(run.model, "module", run.model)  # never under DDP
+    autocast = contextlib.nullcontext() if run.procs.device_type == "cpu" else run.autocast  # exact
     try:
-        losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, eval_autocast(run))
+        losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, autocast)
     except system.Stopped:
         return model.train()
     run.next_eval = next_evaluation(run, progress)

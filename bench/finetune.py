@@ -7,10 +7,11 @@
 
 1. The base: a character model of Tiny Shakespeare, trained with --preset into
    OUT/base, unless --base names a checkpoint of one.
-2. The other text (--text; by default the license texts Debian ships in
-   /usr/share/common-licenses: English prose, nearly all in Shakespeare's
-   characters) is prepared as characters into OUT/data; its last 10% is the
-   held-out val split, which neither run trains on.
+2. The other text (--text: a file, or a directory whose files are joined; the
+   table in docs/finetuning.md used the license texts Debian ships in its
+   base-files package, English prose nearly all in Shakespeare's characters) is
+   prepared as characters into OUT/data; its last 10% is the held-out val split,
+   which neither run trains on.
 3. Two runs on it with the same preset, settings and seed: fine-tuning the base
    (--init_from) and training from scratch, each for --iters steps, each
    evaluating the whole val split every --eval_interval steps (eval_iters=0).
@@ -37,16 +38,15 @@ from recipes import train as run_train  # noqa: E402
 
 import prepare  # noqa: E402
 from config import UserError, load_config, option  # noqa: E402
-from tinygpt import dataset, prompts, system  # noqa: E402
+from tinygpt import dataset, system, textfiles  # noqa: E402
 from tinygpt.files import load_checkpoint  # noqa: E402
 from tinygpt.tokenizer import tokenizer_from_meta  # noqa: E402
 
-LICENSES = "/usr/share/common-licenses"
 
 
 @dataclass
 class BenchConfig:
-    text: str = option(LICENSES, "the other text: a UTF-8 file, or a directory whose files are joined (links skipped)")
+    text: str = option("", "the other text: a UTF-8 file, or a directory whose files are joined (links skipped)")
     preset: str = option("config/shakespeare_char_cpu_fast.toml", "the preset of all three runs: model and recipe")
     base: str = option("", "a Tiny Shakespeare character checkpoint to start from (empty: train one with --preset)")
     base_iters: int = option(0, "steps of the base run (0: the preset's own)")
@@ -60,15 +60,15 @@ class BenchConfig:
 
 def other_text(path, out_dir):
     """The text to fine-tune on, as one file: a directory's files are joined, in name order."""
-    path = Path(path)
-    if path.is_file():
+    path = Path(path) if path else None
+    if path and path.is_file():
         return path
-    if not path.is_dir():
-        hint = " (Debian's base-files)" if str(path) == LICENSES else ""
-        raise UserError(f"--text {path} not found{hint}; pass a text file of your own: --text=FILE")
+    if not path or not path.is_dir():
+        raise UserError(f"--text {path} not found; pass a text of your own: --text=FILE (docs/finetuning.md's "
+                        "table used Debian's license texts, the common-licenses folder of base-files)")
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.is_symlink())
     joined = out_dir / f"{path.name}.txt"
-    joined.write_text("\n\n".join(prompts.read_text(p, "--text").strip() for p in files) + "\n", encoding="utf-8")
+    joined.write_text("\n\n".join(textfiles.read_text(p, "--text").strip() for p in files) + "\n", encoding="utf-8")
     return joined
 
 

@@ -62,8 +62,10 @@ NANOGPT_A100 = 312e12  # the peak nanoGPT prints its MFU against
 @dataclass
 class GpuConfig:
     smoke: bool = option(False, "tiny sizes on the CPU, nothing compiled: a check that the script runs")
-    nanogpt: str = option("../shared/peers/nanoGPT", "an unmodified nanoGPT checkout (its parts skipped if absent)")
-    input: str = option("../shared/data/tinyshakespeare/input.txt", "Tiny Shakespeare (smoke: a made-up text)")
+    nanogpt: str = option("", "an unmodified nanoGPT (git clone https://github.com/karpathy/nanoGPT, at 3adf61e); "
+                          "its parts are skipped without one")
+    input: str = option("data/shakespeare_char/input.txt", "Tiny Shakespeare, as python prepare.py downloads it "
+                        "(smoke: a made-up text)")
     out: str = option("", "where the table and the JSON go (empty: $OUT if set, else --work)")
     work: str = option("out/bench_gpu", "where the data, the runs and nanoGPT's copy go (emptied first)")
     budget: int = option(540, "seconds for every part together", low=1)
@@ -339,7 +341,7 @@ def steps_side_by_side(bench):
         model = maybe_compile(run.raw_model, procs.device_type) if bench.gpu else run.raw_model
         draw = functools.partial(train.get_batch, run.splits["train"], cfg.batch_size, cfg.block_size,
                                  np.random.default_rng(0), procs.device)
-        if name == "reference" and Path(bench.cfg.nanogpt).exists():
+        if name == "reference" and bench.cfg.nanogpt and Path(bench.cfg.nanogpt).exists():
             steps["nanogpt"] = nanogpt_step(bench, cfg, draw)
         optimizers = {name: run.optimizer}
         if name == "fast":  # the same model and AdamW, the matrices stepped by torch's Muon
@@ -415,7 +417,7 @@ def sampling(bench):
     new = 50 if bench.cfg.smoke else 500
     ours = GPT(GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape)).to(bench.device).eval()
     models = {"ours": lambda idx: generate(ours, idx, new, temperature=0.8, top_k=200)}
-    if Path(bench.cfg.nanogpt).exists():
+    if bench.cfg.nanogpt and Path(bench.cfg.nanogpt).exists():
         their_module = load_nanogpt_model(nanogpt_dir(bench))
         theirs = their_module.GPT(their_module.GPTConfig(vocab_size=65, dropout=0.0, bias=False, **shape))
         theirs = theirs.to(bench.device).eval()
@@ -464,7 +466,7 @@ def main(argv):
     bench = Bench(cfg)
     shutil.rmtree(bench.work, ignore_errors=True)
     bench.work.mkdir(parents=True)
-    has_nanogpt = Path(cfg.nanogpt).exists() and not cfg.smoke
+    has_nanogpt = bool(cfg.nanogpt) and Path(cfg.nanogpt).exists() and not cfg.smoke
     bench.part("machine", 0, the_machine, bench)
     bench.part("prepare", 5, prepare, bench)
     bench.part("bf16", 20, bf16_eager, bench)

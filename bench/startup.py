@@ -1,14 +1,12 @@
 """Set-up: the seconds from a train.py process's start to its first step, median of several runs.
 
     python bench/startup.py --max_time=1m                  # Tiny Shakespeare, no preset, five runs
-    python bench/startup.py --max_time=5m --runs=5 --cache=fresh   # each run as on a machine never timed
     python bench/startup.py --max_time=20s --args="--data_dir=data/notes_char"
 
 Each run is `python train.py --max_time=... ARGS` in its own process, into a directory of its own, stopped
 once it says its first step is next (the line with its parameters, which ends the set-up: imports, the
-data, the sizing and the plan). What a run timed is remembered for the next (budget.Speeds, in the cache
-directory): --cache=fresh gives each run an empty one, --cache=kept (the default) the user's own. Time it
-on an otherwise idle machine.
+data, and the sizing, which times a few real steps of the models it considers). Nothing carries over from
+one run to the next. Time it on an otherwise idle machine.
 """
 
 import os
@@ -32,15 +30,13 @@ from tinygpt import system  # noqa: E402
 class BenchConfig:
     max_time: str = option("1m", "the time budget of every run")
     runs: int = option(5, "how many runs", low=1)
-    cache: str = option("kept", "kept: the user's cache of timings; fresh: an empty one for each run",
-                        choices=("kept", "fresh"))
     args: str = option("", "more train.py arguments, as one string")
 
 
-def set_up_seconds(args, cache):
+def set_up_seconds(args):
     """(seconds from the start to the first step, the lines said by then) of one train.py run."""
     with tempfile.TemporaryDirectory() as work:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"} | ({"XDG_CACHE_HOME": work} if cache == "fresh" else {})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "train.py", *args, f"--out_dir={work}/out"], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -62,12 +58,10 @@ def main(argv):
     args = [f"--max_time={cfg.max_time}", *shlex.split(cfg.args)]
     seconds = []
     for i in range(cfg.runs):
-        took, lines = set_up_seconds(args, cfg.cache)
+        took, lines = set_up_seconds(args)
         seconds.append(took)
-        chosen = next((text.split("tokens): ")[1].split(":")[0] for _, text in lines if text.startswith("no preset")),
-                      "a preset")
-        timed = sum(text.startswith("timing ") for _, text in lines)
-        print(f"run {i + 1}: {took:.2f} s to the first step, {timed} model(s) timed; {chosen}", flush=True)
+        chosen = next((text.split(" (sized")[0] for _, text in lines if text.startswith("auto: ")), "a preset")
+        print(f"run {i + 1}: {took:.2f} s to the first step; {chosen}", flush=True)
     print(f"median {statistics.median(seconds):.2f} s (min {min(seconds):.2f}, max {max(seconds):.2f}) of "
           f"{cfg.runs} runs, python train.py {' '.join(args)}")
     return 0

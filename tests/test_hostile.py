@@ -252,7 +252,7 @@ def test_sizing_probes_and_keeps_what_was_given_and_says_what_it_chose():
 
     def measure(cfg):
         probed.append(cfg)
-        return 0.01, 0.001, 0.1
+        return 0.01
 
     cfg = train.TrainConfig(n_layer=1, n_embd=100, max_time="5m")
     chosen, said, _ = budget.size_run(cfg, (100_000, 10_000, 65), measure, 300)
@@ -261,33 +261,42 @@ def test_sizing_probes_and_keeps_what_was_given_and_says_what_it_chose():
     assert (chosen["optimizer"], chosen["pos"]) == ("muon", "rope") and "sized for 5m" in said
 
 
-def test_a_budget_too_short_to_size_for_its_data_is_refused_after_one_probe():
+def test_a_budget_that_the_sizing_outlasts_is_refused_before_anything_is_written(data_dir, finished_run, capsys,
+                                                                                 monkeypatch):
+    from tinygpt import system
+
+    clock = [0.0]
+
+    def slow(cfg, data, procs):  # timing steps as slow as a busy machine or a 100k-token vocabulary makes them
+        clock[0] += 20.0
+        return 0.5
+
+    monkeypatch.setattr(train, "measure", slow)
+    monkeypatch.setattr(system, "process_age", lambda: clock[0])
+    before = contents(finished_run)
+    capsys.readouterr()
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={finished_run}", "--overwrite=true",
+                       "--max_time=15s"]) == 2
+    one_error_line(capsys, "max_time 15s is spent before the run starts")
+    assert contents(finished_run) == before
+
+
+def test_a_timing_far_off_the_rate_the_model_was_chosen_for_is_taken_again_before_the_choice_moves():
+    """One slow timing (a busy second) moves nothing; two far off choose again, at the faster of them."""
     from tinygpt import budget
 
-    probed = []
+    probed, slow_once = [], iter([0.6])
 
-    def slow(cfg):  # timing steps as slow as a 100k-token vocabulary makes them
+    def once_slow(cfg):  # 30 ms a step, about the first guess's rate for the model it chose, but once 20x slower
         probed.append(cfg)
-        return 0.5, 2.0, 0.3
+        return next(slow_once, 0.03)
 
-    with pytest.raises(train.UserError, match="too short for this data here"):
-        budget.size_run(train.TrainConfig(max_time="15s"), (100_000, 10_000, 100_000), slow, 0.6)
-    assert len(probed) == 1
-
-
-def test_a_slow_first_timing_ends_the_sizing_with_its_choice_rather_than_a_refusal():
-    """A busy machine: timing the first model took more than the sizing's share of the budget. It times
-    nothing more and goes with what that rate chooses; the plan then fits the steps to what is left."""
-    from tinygpt import budget
-
-    probed = []
-
-    def slow_to_time(cfg):  # steps that a quiet moment would show fast, timed slowly
-        probed.append(cfg)
-        return 0.0001, 0.0001, 0.5  # more than the sizing's share of 3 s
-
-    sized, _, _ = budget.size_run(train.TrainConfig(max_time="3s"), (1_000_000, 100_000, 65), slow_to_time, 3)
-    assert len(probed) == 1 and (sized["n_layer"], sized["n_embd"]) != (probed[0].n_layer, probed[0].n_embd)
+    sized, _, _ = budget.size_run(train.TrainConfig(max_time="1m"), (1_000_000, 100_000, 65), once_slow, 60)
+    assert len(probed) == 2 and probed[0] == probed[1]  # timed again: it stands
+    assert (sized["n_layer"], sized["n_embd"]) == (probed[0].n_layer, probed[0].n_embd)
+    faster, probed = lambda cfg: probed.append(cfg) or 0.00001, []  # far faster each time: a GPU
+    sized, _, _ = budget.size_run(train.TrainConfig(max_time="1m"), (1_000_000, 100_000, 65), faster, 60)
+    assert probed[0] == probed[1] != probed[-1] and sized["n_embd"] > probed[0].n_embd  # chosen again, larger
 
 
 def test_a_block_longer_than_the_text_is_refused_before_any_timing(data_dir, tmp_path, capsys, monkeypatch):

@@ -1,8 +1,9 @@
 """What a run leaves `auto`, chosen once before its first step: the model and training for its data and the
 time it has (--max_time). `choose_run` is the rule: the largest model that the compute the time buys here can
-feed, and a batch and dropout to go with it. train.py times a few real steps of the model it would choose; that
-speed, rounded to a power of two so that the same machine makes the same choice, picks again until the choice
-stands. A timed run's schedule then runs on its clock (train.py's progress). The measurements: docs/own_text.md.
+feed, and a batch and dropout to go with it. train.py times a few real steps of the model it would choose; a
+speed far from the one it was chosen for, rounded to a power of two, chooses again, so that the same machine
+makes the same choice. A timed run's schedule then runs on its clock (train.py's progress). The measurements:
+docs/own_text.md.
 """
 
 import dataclasses
@@ -33,8 +34,13 @@ EVALS = 10  # a timed run evaluates at its start and at each tenth of its time
 EVAL_SHARE = 0.03  # of a sized run's time, the most its evaluations take, each reading fewer batches to fit
 USABLE = 0.97  # of a budget, for the steps and evaluations: the rest for the last save and the exit
 EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large to read whole, whatever the batch
-FIRST_GUESS_FLOPS = 2**37  # the rate the first model timed is chosen for: two CPU cores' (137 GFLOP/s)
-SIZING_SHARE = 0.1  # of a budget, the most the sizing spends timing models after the first
+# The rate the first model timed is chosen for: two CPU cores' (69 GFLOP/s; a 2-core Zen 3 in fp32 measured 40-60 on
+# the models it times first, a bf16 one about twice that). A rate measured within a factor of 2^STANDS (2.8) of the
+# rate its model was chosen for keeps the choice: a machine's timings vary 10-20% from one minute to the next, and
+# now and then 2x for a second.
+FIRST_GUESS_FLOPS = 2**36
+TIMINGS = 3  # the most models the sizing times
+STANDS = 1.5
 
 
 def parse_duration(text):
@@ -140,18 +146,17 @@ def eval_batches(cfg, val_tokens, per_token=None, seconds=None):
 # --- Filling what is auto -------------------------------------------------------------------
 
 
-def fill_auto(cfg, sizes, measure, age, world=1):
+def fill_auto(cfg, sizes, measure, world=1):
     """(cfg with every setting of CHOSEN left auto chosen, and max_time; a line saying which and why). sizes: (train
-    tokens, val tokens, vocabulary); measure(cfg): (seconds per step, per forward pass of a batch, the seconds
-    measuring took) of a new model of cfg on each of world processes, rank 0's; age: rank 0's seconds since it
-    started."""
+    tokens, val tokens, vocabulary); measure(cfg): the seconds per step of a new model of cfg on each of world
+    processes, rank 0's. Sized for the whole budget, start-up included: the same choice however long that took."""
     chose, reason, per_token = {"max_time": max_time(cfg)} if cfg.max_time == AUTO else {}, "", None
     cfg = dataclasses.replace(cfg, **chose)
-    left = (parse_duration(cfg.max_time) or parse_duration(DEFAULT_BUDGET)) - age  # none: sized for 5m
+    seconds = parse_duration(cfg.max_time) or parse_duration(DEFAULT_BUDGET)  # none: sized as for 5m
     if any(getattr(cfg, k) == AUTO for k in SIZED):
-        sized, reason, per_token = size_run(cfg, sizes, measure, left, world)
+        sized, reason, per_token = size_run(cfg, sizes, measure, seconds, world)
         chose |= sized
-    chose |= follow(dataclasses.replace(cfg, **chose), sizes, per_token, left, world)
+    chose |= follow(dataclasses.replace(cfg, **chose), sizes, per_token, seconds, world)
     said = ", ".join(f"{k}={v}" for k, v in chose.items())
     return dataclasses.replace(cfg, **chose), f"auto: {said}{reason}"
 
@@ -166,31 +171,33 @@ def follow(cfg, sizes, per_token=None, seconds=None, world=1):
 
 def size_run(cfg, sizes, measure, seconds, world=1):
     """({setting: value} for what cfg leaves auto of SIZED, a reason, the forward pass's seconds per token): choose_run
-    at the rate measured for its last choice, rounded to a power of two, until the choice stands (the rate grows with
-    the model and batch) or comes back, or another timing would pass SIZING_SHARE of the seconds."""
+    for a budget of seconds at a rate of FLOP/s, its model timed here, until the rate measured stands within STANDS of
+    the rate it was chosen for (the rate grows with the model and batch), or the choice comes back, or TIMINGS models
+    have been timed; else (timed twice, the faster taken: one slow timing moves nothing) it is chosen again at the
+    measured rate, rounded to a power of two. A rate measured 10-20% off, as timings are, gives the same choice; so
+    does a start-up a little longer or shorter."""
     given = {k: getattr(cfg, k) for k in SIZED if getattr(cfg, k) != AUTO}
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
     recipe = {k: v for k, v in (RECIPE | {"pos": "rope" if rope else "learned"}).items() if k not in given}
-    rate, tried, spent, took = FIRST_GUESS_FLOPS, [], 0.0, 0.0
+    rate, tried = FIRST_GUESS_FLOPS, []
     while True:
         settings, reason = choose_run(*sizes, rate, USABLE * (1 - EVAL_SHARE) * seconds, given)
         trial = dataclasses.replace(cfg, **settings, **recipe)
         trial = dataclasses.replace(trial, **follow(trial, sizes, world=world))
-        tokens = world * trial.batch_size * trial.grad_accum * trial.block_size  # a step, on every process
-        step_flops = tokens * model_flops_per_token(trial.n_layer, trial.n_embd, trial.block_size, sizes[2])
-        if trial in tried or spent + took > SIZING_SHARE * seconds:
-            break  # it came back, or another timing would take more than its share: chosen at the rate measured
-        step_s, forward_s, took = measure(trial)
-        spent, tried, measured = spent + took, [*tried, trial], 2 ** round(math.log2(step_flops / step_s))
-        per_token = forward_s / (trial.batch_size * trial.block_size)
-        if measured == rate:
+        flops = model_flops_per_token(trial.n_layer, trial.n_embd, trial.block_size, sizes[2])
+        step_flops = world * trial.batch_size * trial.grad_accum * trial.block_size * flops  # every process's
+        if trial in tried or len(tried) == TIMINGS:
+            break  # it came back, or enough were timed: chosen at the rate measured last
+        tried, step_s = [*tried, trial], measure(trial)
+        if abs(math.log2(step_flops / step_s) - math.log2(rate)) > STANDS:  # far off: once more, the faster
+            step_s = min(step_s, measure(trial))
+        measured = math.log2(step_flops / step_s)
+        if abs(measured - math.log2(rate)) <= STANDS:
             break  # it stands
-        rate = measured
-    if seconds - spent < 10 * step_flops / rate:  # not ten steps left to train
-        raise UserError(f"max_time {cfg.max_time} is too short for this data here: {seconds - spent:.1f} s are left "
-                        f"after start-up and timing {trial.n_layer} layers x {trial.n_embd}; give more time")
+        rate = 2 ** round(measured)
     chosen = {k: getattr(trial, k) for k in SIZED if k not in given}
-    return chosen, f" (sized for {cfg.max_time} on {sizes[0]:,} training tokens: {reason})", per_token
+    # A forward pass is a third of a step's FLOPs: its seconds per token at the rate the choice stands on.
+    return chosen, f" (sized for {cfg.max_time} on {sizes[0]:,} training tokens: {reason})", flops / 3 / rate
 
 
 def time_per_call(fn, min_seconds, min_calls=3, warmup=2):
