@@ -296,11 +296,10 @@ class GPT(nn.Module):
             x = x[:, -1:, :]  # (B, 1, C)
         # (B, T, V): the padded vocabulary's extra rows cut off, never sampled
         logits = self.lm_head(self.ln_f(x))[..., : self.config.real_vocab_size]
-        loss = None
-        if targets is not None:
-            flat = logits.reshape(-1, logits.size(-1)).float()  # (B * T, V)
-            loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        if targets is None:
+            return logits, None
+        flat = logits.reshape(-1, logits.size(-1)).float()  # (B * T, V)
+        return logits, F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
 
 
 # --- Beside the main path ---------------------------------------------------------------------
