@@ -282,7 +282,7 @@ class GPT(nn.Module):
         (B, T). For decoding: valid (B, T) marks the real tokens of left-padded prompts; cache, a
         KVCache, holds the keys and values of the positions before idx; last_only: the last
         position's logits (B, 1, V) alone."""
-        pos, mask = where_tokens_are(self, idx, valid, cache)  # training: 0 to T - 1, and causal
+        pos, mask = where_tokens_are(self.config, idx, valid, cache)  # training: 0 to T - 1, causal
         rope = rope_tables(pos, self.rope_rates) if self.config.pos == "rope" else None
         x = self.wte(idx)  # (B, T, C)
         if self.config.pos == "learned":
@@ -330,26 +330,27 @@ def rotate(x, rope):
     return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), sin)
 
 
-def where_tokens_are(model, idx, valid=None, cache=None):
+def where_tokens_are(config, idx, valid=None, cache=None):
     """(pos, mask) for idx (B, T), the tokens after the cache's. pos (T,) or (B, T): each token's
     position, from its row's first real token (valid (B, T) marks those of left-padded prompts).
     mask (T, S), (B, 1, T, S) or None: the keys each query may see. cache.advance(valid, T) makes
     room for T positions and returns the validity of all S (None: no padding); len(cache) is S;
     cache.seen counts positions ever added, .dropped those slid past."""
-    config, T, past = model.config, idx.size(1), 0 if cache is None else cache.seen
+    T, past = idx.size(1), 0 if cache is None else cache.seen
     relative = config.pos == "rope"  # offsets only: past block_size too
     if past + T > config.block_size and not relative or cache is not None and T > config.block_size:
         raise ValueError(f"sequence of {past + T} tokens is longer than block_size "
                          f"{config.block_size}")
+    pos = torch.arange(past, past + T, device=idx.device)  # (T,)
+    if cache is None and valid is None:  # training: every key is new, none is padding
+        return pos, causal_mask(config, T, T, idx.device)
     all_valid = valid if cache is None else cache.advance(valid, T)  # (B, S), or None
-    if all_valid is None or relative:
-        pos = torch.arange(past, past + T, device=idx.device)  # (T,)
-    else:  # from each row's first real token, and past those a window's cache slid by
-        pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, -T:]  # (B, T)
-        pos = pos + (0 if cache is None else cache.dropped)
     band = causal_mask(config, T, T if cache is None else len(cache), idx.device)  # (T, S), or None
     if all_valid is None:
         return pos, band
+    if not relative:  # from each row's first real token, and past those a window's cache slid by
+        pos = (all_valid.cumsum(dim=1) - 1).clamp(min=0)[:, -T:]  # (B, T)
+        pos = pos + (0 if cache is None else cache.dropped)
     mask = padding_mask(all_valid, T)  # (B, 1, T, S)
     return pos, mask if band is None else mask & band
 
