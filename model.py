@@ -419,14 +419,13 @@ def check_config(config):
     for name in ("vocab_size", "block_size", "n_embd"):
         if getattr(config, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(config, name)}")
-    if config.mixer == "multihead" and config.n_embd % config.n_head != 0:
+    if config.mixer == "multihead" and config.n_embd % config.n_head:
         raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head ({config.n_head})")
     if config.pos == "rope" and (config.mixer != "multihead" or config.head_size % 2):
         raise ValueError(f"pos 'rope' turns pairs of query and key channels: it needs mixer "
                          f"multihead and an even head size, got mixer {config.mixer!r}, head size "
                          f"{config.head_size}")
-    heads = config.mixer in ("head", "multihead")
-    if config.score == "additive" and (config.pos == "rope" or not heads):
+    if config.score == "additive" and (config.pos == "rope" or config.mixer in ("none", "average")):
         raise ValueError("score 'additive' needs mixer head or multihead and a pos other than rope "
                          "(whose angles cancel in q·k, not in q + k); got mixer "
                          f"{config.mixer!r}, pos {config.pos!r}")
