@@ -235,6 +235,7 @@ def sinusoidal_positions(block_size, n_embd):
     table[:, 1::2] = torch.cos(pos * freq)[:, : n_embd // 2]
     return table
 
+
 class GPT(nn.Module):
     """Token embeddings and positions in, a stack of blocks, a last LayerNorm, and a head that
     turns each position's vector into logits over the vocabulary for the token after it."""
@@ -261,16 +262,16 @@ class GPT(nn.Module):
         # growing.
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight") and config.residual:
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * max(config.n_layer, 1)))
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear) and not self.config.residual:
             # Without residual connections each layer's output is the next one's only input: std
             # 0.02 shrinks it 1000x a block, to denormal floats (slow) and a loss stuck at ln(V).
             # 1/sqrt(fan_in) keeps its scale.
-            nn.init.normal_(module.weight, mean=0.0, std=1 / math.sqrt(module.in_features))
+            nn.init.normal_(module.weight, std=1 / math.sqrt(module.in_features))
         elif isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
