@@ -3,6 +3,7 @@ where success is right, and nothing already written is lost."""
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -29,11 +30,17 @@ def one_error_line(capsys, *fragments):
         assert fragment in lines[0], lines[0]
 
 
-@pytest.fixture
-def finished_run(data_dir, tmp_path):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def trained_once(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "out"
     assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=4", "--eval_interval=2"]) == 0
     return out
+
+
+@pytest.fixture
+def finished_run(trained_once, tmp_path):
+    """A finished run of its own for each test (tests change its files): a copy of the one trained once."""
+    return Path(shutil.copytree(trained_once, tmp_path / "out"))
 
 
 def contents(out):
