@@ -79,15 +79,13 @@ def test_a_stop_during_start_up_is_one_line_and_loses_nothing(data_dir, finished
 # --- Tracebacks ------------------------------------------------------------------------------------------
 
 
-def test_a_text_of_fifty_characters_trains_with_no_preset(tmp_path, capsys, monkeypatch):
+def test_a_text_of_fifty_characters_trains_with_no_preset(tmp_path, capsys):
     import prepare
-    from tinygpt import system
 
     (tmp_path / "tiny.txt").write_text("To be, or not to be, that is the question: whether\n", encoding="utf-8")
     assert prepare.main(["--input", str(tmp_path / "tiny.txt"), "--out_dir", str(tmp_path / "data")]) == 0
-    started = time.monotonic()
-    monkeypatch.setattr(system, "process_age", lambda: time.monotonic() - started)  # as if a fresh process
-    assert train.main([f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}", "--max_time=10s"]) == 0
+    # Steps, not a budget, which a busy machine's start-up could spend: the shape is still chosen for the text.
+    assert train.main([f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}", "--max_iters=20"]) == 0
     assert "auto: " in capsys.readouterr().out
 
 

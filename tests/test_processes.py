@@ -207,7 +207,7 @@ def test_a_locked_out_dir_stops_both_with_one_line(data_dir, tmp_path):
 
 @pytest.mark.parametrize("where", ["term:build", "term:measure", "term:wrap"])
 def test_a_signal_to_one_process_while_starting_stops_both_with_one_line(data_dir, tmp_path, where):
-    sized = ["--max_time=30s", "--dropout=auto"]  # the sizing times a model: where start-up spends its time
+    sized = ["--max_time=10m", "--dropout=auto"]  # the sizing times a model: where start-up spends its time
     results = run(tmp_path, tmp_path / "run", *args_for(data_dir, *sized), inject=where)
     assert results[1] == (143, "")  # rank 1, signalled: under torchrun rank 0 alone speaks
     code, out = results[0]
