@@ -159,7 +159,9 @@ def set_up(cfg, procs, lock, ckpt):
         cfg = dataclasses.replace(cfg, dtype=device.NAMES[dtype])
     if AUTO in (getattr(cfg, k) for k in budget.CHOSEN):  # chosen for the data and the time
         sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
-        cfg, chosen = budget.fill_auto(cfg, sizes, lambda c: measure(c, data, procs), procs.world)
+        timed = lambda c: measure(c, data, procs)  # noqa: E731
+        age = lambda: procs.broadcast((system.process_age(),))[0]  # noqa: E731  rank 0's clock
+        cfg, chosen = budget.fill_auto(cfg, sizes, timed, procs.world, age)
         procs.say(chosen)
     seconds = cfg.max_time != AUTO and budget.parse_duration(cfg.max_time)  # a preset's auto: none
     if seconds and ckpt is None:  # a new timed run has what is left of its time, by rank 0's clock

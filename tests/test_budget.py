@@ -316,6 +316,36 @@ def read_log(out_dir):
     return [json.loads(line) for line in open(Path(out_dir) / "log.jsonl")]
 
 
+def test_a_sizing_that_has_spent_its_share_of_the_budget_times_nothing_more():
+    timed = []
+
+    def measure(cfg):
+        timed.append(cfg)
+        return 20.0  # far off the first guess: on time, it would be timed again, and its successor too
+
+    cfg, sizes = train.TrainConfig(max_time="5m"), (1_000_000, 100_000, 65)
+    budget.size_run(cfg, sizes, measure, 290.0)
+    assert len(timed) >= 3
+    timed.clear()
+    budget.size_run(cfg, sizes, measure, 290.0, late=lambda: True)
+    assert len(timed) == 1  # one timing, then chosen at the rate it measured
+
+
+def test_a_busy_machine_whose_timings_are_slow_still_gets_its_run_on_time(data_dir, tmp_path, clock, monkeypatch,
+                                                                          capsys):
+    def slow(cfg, data, procs):  # each timing 3 s of a 10 s budget: three of them would spend it
+        clock.measured.append(cfg)
+        clock.now += 3.0
+        return 0.01
+
+    monkeypatch.setattr(train, "measure", slow)
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=10s", "--patience=0"]) == 0
+    assert len(clock.measured) == 1  # a quarter of the budget gone after the first: no more
+    records = read_log(tmp_path)
+    assert any("loss" in r for r in records) and records[-1]["iter"] > 0  # it trained
+    assert "done: " in capsys.readouterr().out
+
+
 def test_no_preset_fills_what_is_auto_says_so_and_saves_the_values(data_dir, tmp_path, clock, capsys):
     assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=4s", "--patience=0"]) == 0
     out = capsys.readouterr().out

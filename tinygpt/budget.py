@@ -40,6 +40,7 @@ EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large
 # now and then 2x for a second.
 FIRST_GUESS_FLOPS = 2**36
 TIMINGS = 3  # the most models the sizing times
+SIZING_SHARE = 0.25  # of a budget, start-up included: past it the sizing times nothing more (a busy machine)
 STANDS = 1.5
 
 
@@ -146,15 +147,17 @@ def eval_batches(cfg, val_tokens, per_token=None, seconds=None):
 # --- Filling what is auto -------------------------------------------------------------------
 
 
-def fill_auto(cfg, sizes, measure, world=1):
+def fill_auto(cfg, sizes, measure, world=1, clock=lambda: 0.0):
     """(cfg with every setting of CHOSEN left auto chosen, and max_time; a line saying which and why). sizes: (train
     tokens, val tokens, vocabulary); measure(cfg): the seconds per step of a new model of cfg on each of world
-    processes, rank 0's. Sized for the whole budget, start-up included: the same choice however long that took."""
+    processes, rank 0's; clock(): rank 0's seconds since its process started. Sized for the whole budget, start-up
+    included: the same choice however long that took, but a start-up past SIZING_SHARE of it times nothing more."""
     chose, reason, per_token = {"max_time": max_time(cfg)} if cfg.max_time == AUTO else {}, "", None
     cfg = dataclasses.replace(cfg, **chose)
     seconds = parse_duration(cfg.max_time) or parse_duration(DEFAULT_BUDGET)  # none: sized as for 5m
     if any(getattr(cfg, k) == AUTO for k in SIZED):
-        sized, reason, per_token = size_run(cfg, sizes, measure, seconds, world)
+        late = lambda: clock() > SIZING_SHARE * seconds  # noqa: E731
+        sized, reason, per_token = size_run(cfg, sizes, measure, seconds, world, late)
         chose |= sized
     chose |= follow(dataclasses.replace(cfg, **chose), sizes, per_token, seconds, world)
     said = ", ".join(f"{k}={v}" for k, v in chose.items())
@@ -169,27 +172,30 @@ def follow(cfg, sizes, per_token=None, seconds=None, world=1):
     return {k: rule() for k, rule in rules.items() if getattr(cfg, k) == AUTO}
 
 
-def size_run(cfg, sizes, measure, seconds, world=1):
+def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
     """({setting: value} for what cfg leaves auto of SIZED, a reason, the forward pass's seconds per token): choose_run
     for a budget of seconds at a rate of FLOP/s, its model timed here, until the rate measured stands within STANDS of
     the rate it was chosen for (the rate grows with the model and batch), or the choice comes back, or TIMINGS models
     have been timed; else (timed twice, the faster taken: one slow timing moves nothing) it is chosen again at the
     measured rate, rounded to a power of two. A rate measured 10-20% off, as timings are, gives the same choice; so
-    does a start-up a little longer or shorter."""
+    does a start-up a little longer or shorter. Once late() (a busy machine's start-up and timings have spent
+    SIZING_SHARE of the budget), it is chosen at the rate measured last, timing nothing more."""
     given = {k: getattr(cfg, k) for k in SIZED if getattr(cfg, k) != AUTO}
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
     recipe = {k: v for k, v in (RECIPE | {"pos": "rope" if rope else "learned"}).items() if k not in given}
-    rate, tried = FIRST_GUESS_FLOPS, []
+    rate, tried, left = FIRST_GUESS_FLOPS, [], TIMINGS
     while True:
         settings, reason = choose_run(*sizes, rate, USABLE * (1 - EVAL_SHARE) * seconds, given)
         trial = dataclasses.replace(cfg, **settings, **recipe)
         trial = dataclasses.replace(trial, **follow(trial, sizes, world=world))
         flops = model_flops_per_token(trial.n_layer, trial.n_embd, trial.block_size, sizes[2])
         step_flops = world * trial.batch_size * trial.grad_accum * trial.block_size * flops  # every process's
-        if trial in tried or len(tried) == TIMINGS:
-            break  # it came back, or enough were timed: chosen at the rate measured last
-        tried, step_s = [*tried, trial], measure(trial)
-        if abs(math.log2(step_flops / step_s) - math.log2(rate)) > STANDS:  # far off: once more, the faster
+        if trial in tried or not left:
+            break  # it came back, or no more timings: chosen at the rate measured last
+        tried, step_s, left = [*tried, trial], measure(trial), left - 1
+        if late():
+            left = 0
+        elif abs(math.log2(step_flops / step_s) - math.log2(rate)) > STANDS:  # far off: once more, the faster
             step_s = min(step_s, measure(trial))
         measured = math.log2(step_flops / step_s)
         if abs(measured - math.log2(rate)) <= STANDS:
