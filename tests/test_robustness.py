@@ -374,7 +374,6 @@ def test_sample_stops_when_its_reader_goes_away(lone):
     assert (proc.returncode, err) == (141, "")
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see torch loading")
 # --- Ladder, and text in another Unicode form ------------------------------------------------------
 
 
