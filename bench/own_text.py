@@ -223,7 +223,7 @@ def row(name, run, data_dir, run_dir):
     chars_per_token = 1.0  # character-level data: a token is a character
     return {"text": name, "run": run, "model": f"{m['n_layer']}x{m['n_embd']} b{m['block_size']}",
             "params": GPT(GPTConfig(**m)).num_params(), "batch": t["batch_size"], "dropout": t["dropout"],
-            "steps": t["max_iters"], "best_at": ckpt["iter"], "bpc": loss / math.log(2) / chars_per_token,
+            "steps": load_checkpoint(run_dir / "ckpt.pt")["iter"], "best_at": ckpt["iter"], "bpc": loss / math.log(2) / chars_per_token,
             "wall_s": result["wall_s"]}
 
 
