@@ -164,6 +164,25 @@ def test_size_run_settles_where_the_rate_measured_for_a_choice_stands_by_that_ch
         assert (chosen["optimizer"], chosen["pos"]) == ("muon", "rope")  # the fast recipe's
 
 
+def test_a_run_in_fp32_is_first_sized_for_a_slower_machine_than_one_in_bf16():
+    """The rate the sizing starts from is the one the run's dtype trains at on two CPU cores: where the timing
+    agrees with it, the choice is the rule's at that rate, and fp32's model is no larger than bf16's."""
+    sizes, seconds, keys = (1_000_000, 100_000, 65), 60.0, ("n_layer", "n_embd", "block_size", "batch_size")
+    chosen = {}
+    for dtype in ("float32", "bfloat16"):
+        rate = budget.FIRST_GUESS_FLOPS[dtype]
+
+        def measure(cfg, rate=rate):  # exactly the rate guessed
+            flops = budget.model_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, 65)
+            return cfg.batch_size * cfg.block_size * flops / rate
+
+        chosen[dtype], _, _ = budget.size_run(train.TrainConfig(max_time="1m", dtype=dtype), sizes, measure, seconds)
+        rule, _ = budget.choose_run(*sizes, rate, budget.USABLE * (1 - budget.EVAL_SHARE) * seconds)
+        assert [chosen[dtype][k] for k in keys] == [rule[k] for k in keys]
+    assert budget.FIRST_GUESS_FLOPS["float32"] < budget.FIRST_GUESS_FLOPS["bfloat16"]
+    assert size(chosen["float32"]) <= size(chosen["bfloat16"])
+
+
 def test_the_same_machine_chooses_the_same_run_however_its_timings_wander():
     """Each timing a few percent off, as on a machine whose other work comes and goes: the speed the sizing goes by
     is rounded to a power of two, so the choice is the same every time."""

@@ -34,11 +34,11 @@ EVALS = 10  # a timed run evaluates at its start and at each tenth of its time
 EVAL_SHARE = 0.03  # of a sized run's time, the most its evaluations take, each reading fewer batches to fit
 USABLE = 0.97  # of a budget, for the steps and evaluations: the rest for the last save and the exit
 EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large to read whole, whatever the batch
-# The rate the first model timed is chosen for: two CPU cores' (69 GFLOP/s; a 2-core Zen 3 in fp32 measured 40-60 on
-# the models it times first, a bf16 one about twice that). A rate measured within a factor of 2^STANDS (2.8) of the
-# rate its model was chosen for keeps the choice: a machine's timings vary 10-20% from one minute to the next, and
-# now and then 2x for a second.
-FIRST_GUESS_FLOPS = 2**36
+# The rate the first model timed is chosen for, by the dtype it trains in: two CPU cores' (a 2-core Zen 3 measured
+# 31-47 GFLOP/s in fp32 on the models it chooses from, 2^35 to 2^35.5; one with avx512_bf16 about twice that). A rate
+# measured within a factor of 2^STANDS (2.8) of the rate its model was chosen for keeps the choice: a machine's
+# timings vary 10-20% from one minute to the next, and now and then 2x for a second.
+FIRST_GUESS_FLOPS = {"float32": 2**35.5, "bfloat16": 2**36, "float16": 2**36}
 TIMINGS = 3  # the most models the sizing times
 SIZING_SHARE = 0.25  # of a budget, start-up included: past it the sizing times nothing more (a busy machine)
 STANDS = 1.5
@@ -183,7 +183,7 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
     given = {k: getattr(cfg, k) for k in SIZED if getattr(cfg, k) != AUTO}
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
     recipe = {k: v for k, v in (RECIPE | {"pos": "rope" if rope else "learned"}).items() if k not in given}
-    rate, tried, left = FIRST_GUESS_FLOPS, [], TIMINGS
+    rate, tried, left = FIRST_GUESS_FLOPS.get(cfg.dtype, 2**36), [], TIMINGS
     while True:
         settings, reason = choose_run(*sizes, rate, USABLE * (1 - EVAL_SHARE) * seconds, given)
         trial = dataclasses.replace(cfg, **settings, **recipe)
