@@ -93,10 +93,10 @@ def main(argv):
     cfg = dataclasses.replace(cfg, out_dir=cfg.out_dir or f"out/{Path(cfg.data_dir).name}")
     for option, path in ("--data_dir", cfg.data_dir), ("--out_dir", cfg.out_dir):
         files.check_path(path, option, directory=True)  # a name too long, a loop, a file: one line
-    ckpt = files.load_checkpoint(saved(cfg), choosing=False) if cfg.init_from == "resume" else None
-    if ckpt is not None:  # the run's own settings, over the presets, under the command line
-        base = ckpt["train_config"] | {"out_dir": cfg.out_dir}
-        cfg = load_config(TrainConfig, argv, base=base)
+    ckpt = None
+    if cfg.init_from == "resume":  # the run's own settings, over the presets, under the command line
+        ckpt = files.load_checkpoint(saved(cfg), choosing=False)
+        cfg = load_config(TrainConfig, argv, base=ckpt["train_config"] | {"out_dir": cfg.out_dir})
     cfg = dataclasses.replace(cfg, log_to=cfg.log_to and files.check_trackers(cfg.log_to))
     procs = device.start_processes(cfg.device)
     if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
