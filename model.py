@@ -163,7 +163,8 @@ class MultiHeadAttention(nn.Module):
             out, weights = attention(q, k, v, mask, scores)  # (B, H, T, hs)
             self.weights = weights if self.keep_weights else None
         out = out.transpose(1, 2).reshape(B, T, C)  # (B, T, C): the heads' outputs side by side
-        return self.resid_dropout(self.c_proj(out))
+        out = self.c_proj(out)  # (B, T, C)
+        return self.resid_dropout(out) if self.training else out  # eval: dropout keeps all, uncalled
 
 
 # --- Rung 5: computation per position -------------------------------------------------------
@@ -181,7 +182,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x):
         h = F.gelu(self.c_fc(x), approximate=self.approximate)  # (B, T, 4C)
-        return self.dropout(self.c_proj(h))  # (B, T, C)
+        out = self.c_proj(h)  # (B, T, C)
+        return self.dropout(out) if self.training else out
 
 
 # --- Rungs 6 and 7: residual connections and LayerNorm --------------------------------------
@@ -290,7 +292,7 @@ class GPT(nn.Module):
             x = x + self.wpe(pos)  # (B, T, C): what the token is, and where
         elif self.config.pos == "sinusoidal":
             x = x + self.pos_table[pos]
-        x = self.drop(x)
+        x = self.drop(x) if self.training else x  # dropout, only while training
         for block in self.blocks:
             x = block(x, mask, rope, cache)  # (B, T, C)
         if last_only:
