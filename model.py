@@ -164,7 +164,7 @@ class MultiHeadAttention(nn.Module):
             self.weights = weights if self.keep_weights else None
         out = out.transpose(1, 2).reshape(B, T, C)  # (B, T, C): the heads' outputs side by side
         out = self.c_proj(out)  # (B, T, C)
-        return self.resid_dropout(out) if self.training else out  # eval: dropout keeps all, uncalled
+        return self.resid_dropout(out) if self.training else out  # eval: dropout keeps all
 
 
 # --- Rung 5: computation per position -------------------------------------------------------

@@ -94,7 +94,7 @@ def main(argv):
     for option, path in ("--data_dir", cfg.data_dir), ("--out_dir", cfg.out_dir):
         files.check_path(path, option, directory=True)  # a name too long, a loop, a file: one line
     ckpt = None
-    if cfg.init_from == "resume":  # the run's own settings, over the presets, under the command line
+    if cfg.init_from == "resume":  # its own settings, over the presets, under the command line
         ckpt = files.load_checkpoint(saved(cfg), choosing=False)
         cfg = load_config(TrainConfig, argv, base=ckpt["train_config"] | {"out_dir": cfg.out_dir})
     cfg = dataclasses.replace(cfg, log_to=cfg.log_to and files.check_trackers(cfg.log_to))
