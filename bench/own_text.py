@@ -220,10 +220,11 @@ def row(name, run, data_dir, run_dir):
     result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
     loss, ckpt = whole_val_loss(run_dir, data_dir)
     t, m = ckpt["train_config"], ckpt["model_config"]
+    steps = load_checkpoint(run_dir / "ckpt.pt")["iter"]  # best.pt's is the best evaluation's
     chars_per_token = 1.0  # character-level data: a token is a character
     return {"text": name, "run": run, "model": f"{m['n_layer']}x{m['n_embd']} b{m['block_size']}",
             "params": GPT(GPTConfig(**m)).num_params(), "batch": t["batch_size"], "dropout": t["dropout"],
-            "steps": load_checkpoint(run_dir / "ckpt.pt")["iter"], "best_at": ckpt["iter"], "bpc": loss / math.log(2) / chars_per_token,
+            "steps": steps, "best_at": ckpt["iter"], "bpc": loss / math.log(2) / chars_per_token,
             "wall_s": result["wall_s"]}
 
 
