@@ -37,7 +37,7 @@ def save(obj, f, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     real_save(obj, f, *args, **kwargs)
 torch.save = save
-sys.exit(train.main(sys.argv[1:]))
+sys.exit(train.main())
 """
 
 
@@ -135,7 +135,7 @@ def get_batch(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
     return real_get_batch(*args, **kwargs)
 train.get_batch = get_batch
-sys.exit(train.main(sys.argv[1:]))
+sys.exit(train.main())
 """
 
 

@@ -5,6 +5,7 @@ directories. Importing it changes nothing: a script's main() installs what it ne
 import contextlib
 import ctypes
 import errno
+import gc
 import io
 import os
 import platform
@@ -62,6 +63,8 @@ def cli(main):
             sys.stdout.flush()  # while still guarded: the pipe may be gone
             sys.stderr.flush()
             sys.stdout, sys.stderr = saved
+            if argv is None:  # a script, whose process ends next: its exit then skips torch's objects, 0.7 s
+                gc.freeze()
 
     return wrapper
 
