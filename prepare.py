@@ -29,8 +29,7 @@ import numpy as np
 
 from config import UserError, load_config, option
 from tinygpt import system
-from tinygpt.dataset import DATASET_FILES, META_FORMAT
-from tinygpt.files import check_path, staging_dir, swap_in, write_atomic, write_error
+from tinygpt.files import DATASET_FILES, META_FORMAT, check_path, staging_dir, swap_in, write_atomic, write_error
 from tinygpt.textfiles import (
     CHUNK_BYTES,
     SHAKESPEARE_URL,

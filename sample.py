@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from config import UserError, load_config, option
 from tinygpt import decoding, system
-from tinygpt.device import autocast, choose_device, pick_dtype
 from tinygpt.prompts import TextStream, encode_prompts, read_prompts, unescape
+from tinygpt.system import autocast, choose_device, pick_dtype
 from tinygpt.weights import load_model
 
 SEPARATOR = "-" * 40

@@ -21,13 +21,13 @@ from tqdm import tqdm
 
 from config import AUTO, UserError, load_config, option
 from model import GELUS, GPT, MIXERS, POSITIONS, SCORES, GPTConfig
-from tinygpt import budget, dataset, device, files, optim, system, weights
+from tinygpt import budget, files, optim, score, system, weights
 
 # How often the processes under torchrun agree on the clock and on whether to stop: after each step
 # cost 3-7% of a CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py). A process
 # alone agrees with itself after every step.
 AGREE_EVERY = 10
-DTYPES = ("float32", "bfloat16", "float16")  # tinygpt/device.py's
+DTYPES = ("float32", "bfloat16", "float16")  # tinygpt/system.py's
 
 
 @dataclasses.dataclass
@@ -98,7 +98,7 @@ def main(argv):
         ckpt = files.load_checkpoint(saved(cfg), choosing=False)
         cfg = load_config(TrainConfig, argv, base=ckpt["train_config"] | {"out_dir": cfg.out_dir})
     cfg = dataclasses.replace(cfg, log_to=cfg.log_to and files.check_trackers(cfg.log_to))
-    procs = device.start_processes(cfg.device)
+    procs = system.start_processes(cfg.device)
     if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
         import prepare  # only here: what a fresh clone lacks
 
@@ -114,7 +114,7 @@ def main(argv):
         raise
     finally:
         lock.release()
-        device.end_processes(finished=status is not None)
+        system.end_processes(finished=status is not None)
 
 
 # --- Setting up ------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ def main(argv):
 @dataclasses.dataclass
 class Run:  # what the loop reads and changes
     cfg: TrainConfig
-    procs: device.Processes
+    procs: system.Processes
     meta: dict  # the tokenizer
     splits: dict  # the train and val tokens
     raw_model: GPT  # what a checkpoint saves
@@ -147,7 +147,7 @@ def set_up(cfg, procs, lock, ckpt):
     with procs.fail_together():  # a mistake one process meets (rank 0 alone writes) ends them all
         if procs.master and not cfg.dry_run:
             lock.acquire()  # a run that fails to start changes nothing
-        meta, splits = data = dataset.load_data(cfg.data_dir)
+        meta, splits = data = files.load_data(cfg.data_dir)
         pretrained = None
         if cfg.init_from not in ("scratch", "resume"):  # fine-tuning: the shape is the weights'
             pretrained = weights.load_weights(cfg.init_from, cfg.out_dir)
@@ -155,8 +155,8 @@ def set_up(cfg, procs, lock, ckpt):
         if ckpt is None and saved(cfg).exists() and not cfg.overwrite:
             raise UserError(f"{saved(cfg)} exists; continue it with --init_from=resume, start "
                             "over with --overwrite=true, or pick another --out_dir")
-        dtype = device.pick_dtype(cfg.dtype, procs.device_type, training=True)
-        cfg = dataclasses.replace(cfg, dtype=device.NAMES[dtype])
+        dtype = system.pick_dtype(cfg.dtype, procs.device_type, training=True)
+        cfg = dataclasses.replace(cfg, dtype=system.NAMES[dtype])
     if AUTO in (getattr(cfg, k) for k in budget.CHOSEN):  # chosen for the data and the time
         sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
         timed = lambda c: measure(c, data, procs)  # noqa: E731
@@ -177,7 +177,7 @@ def set_up(cfg, procs, lock, ckpt):
             procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
         if procs.master and not cfg.dry_run:
             files.start_log(cfg.out_dir, run.it)  # the first write
-    compiled = device.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else None
+    compiled = system.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else None
     run.model = procs.wrap(compiled or run.raw_model)
     procs.say(f"{run.raw_model.num_params():,} params, {tokens_per_step(run):,} tokens/step "
               f"({cfg.batch_size} x {cfg.block_size} a micro-batch); {procs.device} {cfg.dtype}")
@@ -191,16 +191,16 @@ def build(cfg, data, procs, pretrained=None):
     together and training fits in memory: the model (seeded, or holding the weights to fine-tune),
     its optimizer."""
     meta, splits = data
-    dataset.check_block_size(splits, cfg.block_size, cfg.data_dir)
-    mconf, dtype = model_config(cfg, meta["vocab_size"]), device.DTYPES[cfg.dtype]
-    device.check_model_fits(mconf, cfg.batch_size, cfg.block_size, procs.device, dtype)
+    files.check_block_size(splits, cfg.block_size, cfg.data_dir)
+    mconf, dtype = model_config(cfg, meta["vocab_size"]), system.DTYPES[cfg.dtype]
+    system.check_model_fits(mconf, cfg.batch_size, cfg.block_size, procs.device, dtype)
     torch.manual_seed(cfg.seed)
     model = GPT(mconf).to(procs.device)
     if pretrained is not None:
         procs.say(weights.load_into(model, pretrained, meta))
     optimizer = make_optimizer(model, cfg, procs.device_type)
     scaler = torch.amp.GradScaler(procs.device_type, enabled=dtype == torch.float16)
-    autocast = device.autocast(procs.device_type, dtype)
+    autocast = system.autocast(procs.device_type, dtype)
     return Run(cfg, procs, meta, splits, model, optimizer, scaler, model, autocast)
 
 
@@ -208,7 +208,7 @@ def model_config(cfg, vocab_size):
     """The model for cfg; its embedding is padded past the tokenizer's vocab_size for speed."""
     shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GPTConfig) if hasattr(cfg, f.name)}
     try:
-        return GPTConfig(**shape, vocab_size=device.padded_vocab_size(vocab_size), real_vocab_size=vocab_size)
+        return GPTConfig(**shape, vocab_size=system.padded_vocab_size(vocab_size), real_vocab_size=vocab_size)
     except ValueError as e:
         raise UserError(f"model config: {e}") from None
 
@@ -356,7 +356,7 @@ def log_step(run, loss, lr, step_ms, bar):
     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
     if run.it % run.cfg.log_interval == 0:
         record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": step_ms, "tokens_per_s": tok_s}
-        if mfu := device.mfu(run.procs.device_type, run.raw_model, run.cfg, tok_s / run.procs.world):
+        if mfu := system.mfu(run.procs.device_type, run.raw_model, run.cfg, tok_s / run.procs.world):
             record["mfu"] = mfu
         files.append_record(run.cfg.out_dir, record, run.trackers)
 
@@ -418,7 +418,7 @@ def estimate_loss(model, splits, cfg, device_name, autocast):
     out = {}
     for name, data in splits.items():
         if cfg.eval_iters == 0:
-            out[name] = dataset.mean_loss(model, data[: len(splits["val"])], cfg.block_size,
+            out[name] = score.mean_loss(model, data[: len(splits["val"])], cfg.block_size,
                                           4 * cfg.batch_size, device_name, autocast)
             continue
         rng = np.random.default_rng(cfg.seed)

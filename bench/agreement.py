@@ -39,7 +39,7 @@ def worker(preset, rounds):
     import torch
 
     import train
-    from tinygpt.device import autocast, pick_dtype, start_processes
+    from tinygpt.system import autocast, pick_dtype, start_processes
 
     cfg = load_config(train.TrainConfig, [preset, "--device=cpu"])
     procs = start_processes("cpu")

@@ -38,10 +38,9 @@ from recipes import train as run_train  # noqa: E402
 
 import prepare  # noqa: E402
 from config import UserError, load_config, option  # noqa: E402
-from tinygpt import dataset, system, textfiles  # noqa: E402
+from tinygpt import files, system, textfiles  # noqa: E402
 from tinygpt.files import load_checkpoint  # noqa: E402
 from tinygpt.tokenizer import tokenizer_from_meta  # noqa: E402
-
 
 
 @dataclass
@@ -103,9 +102,9 @@ def main(argv):
     data = out / "data"
     if prepare.main(["--input", str(text), "--out_dir", str(data)]) != 0:
         raise UserError(f"prepare.py failed on {text}")
-    meta = dataset.read_meta(data)
+    meta = files.read_meta(data)
     held_out = out / "held_out.txt"
-    held_out.write_text(tokenizer_from_meta(meta).decode(dataset.open_split(data, "val", meta)),
+    held_out.write_text(tokenizer_from_meta(meta).decode(files.open_split(data, "val", meta)),
                         encoding="utf-8")
 
     runs = {"fine-tuned": out / "finetuned", "scratch": out / "scratch"}

@@ -50,9 +50,10 @@ from nanogpt import load_nanogpt_model  # noqa: E402
 from config import load_config, option  # noqa: E402
 from tinygpt import system  # noqa: E402
 from tinygpt.budget import parse_duration  # noqa: E402
-from tinygpt.dataset import load_data, mean_loss  # noqa: E402
 from tinygpt.decoding import generate  # noqa: E402
-from tinygpt.device import NAMES, autocast, maybe_compile, peak_flops, pick_dtype, start_processes  # noqa: E402
+from tinygpt.files import load_data  # noqa: E402
+from tinygpt.score import mean_loss  # noqa: E402
+from tinygpt.system import NAMES, autocast, maybe_compile, peak_flops, pick_dtype, start_processes  # noqa: E402
 from tinygpt.weights import model_from_checkpoint  # noqa: E402
 
 NANOGPT_TARGET = 1.4697  # nanoGPT's README: val loss of its GPU reference run after 5000 steps

@@ -27,20 +27,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
-from tinygpt import system  # noqa: E402
 import torch  # noqa: E402
 from machine import machine  # noqa: E402
 
 import train  # noqa: E402
 from config import UserError, help_text, load_config, option  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tinygpt.dataset import check_block_size, load_data  # noqa: E402
-from tinygpt.device import check_model_fits, choose_device, pick_dtype  # noqa: E402
-from tinygpt.files import (  # noqa: E402
+from tinygpt import system  # noqa: E402
+from tinygpt.files import (  # noqa: E402  # noqa: E402
+    check_block_size,
     load_checkpoint,  # noqa: E402
+    load_data,
     write_atomic,
     write_error,
 )
+from tinygpt.system import check_model_fits, choose_device, pick_dtype  # noqa: E402
 
 PRESETS = ROOT / "config" / "ladder"
 

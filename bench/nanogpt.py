@@ -61,10 +61,13 @@ import train  # noqa: E402
 from config import UserError, load_config, option  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tinygpt import system  # noqa: E402
-from tinygpt.dataset import mean_loss  # noqa: E402
 from tinygpt.decoding import generate  # noqa: E402
-from tinygpt.device import peak_flops, pick_dtype  # noqa: E402
-from tinygpt.system import keep_freed_memory  # noqa: E402
+from tinygpt.score import mean_loss  # noqa: E402
+from tinygpt.system import (  # noqa: E402
+    keep_freed_memory,  # noqa: E402
+    peak_flops,
+    pick_dtype,
+)
 from tinygpt.textfiles import SHAKESPEARE_URL  # noqa: E402
 
 # nanoGPT's CPU configuration, as its README gives it.
@@ -183,7 +186,7 @@ def train_ours(args, data_dir, run_dir, mode, steps):
 @torch.no_grad()
 def whole_val(run_dir, nano, data_dir):
     """(step, loss) of a run's last checkpoint over every token of the val split, in fp32
-    (dataset.mean_loss, in windows of the block size the run trained on). Each evaluation's 240 random
+    (score.mean_loss, in windows of the block size the run trained on). Each evaluation's 240 random
     sequences vary by about 0.01 from draw to draw; this is the same 111,540 tokens for both
     sides (nanoGPT's val.bin and ours hold the same ids, checked). nanoGPT keeps the checkpoint
     of its best evaluation past step 0, ours the last step. None where there is none."""
@@ -332,7 +335,7 @@ def steps_taking_turns(nano, mode, runs, rounds):
     """{name: median ms} of one training step of nanoGPT's CPU run and of each of ours (name: args), the
     steps taking turns one at a time in one process. This machine changes speed every few seconds, so
     minutes-long runs each see their own mix of speeds; two steps back to back see the same one. Both
-    draw the same random tokens with dataset.get_batch (speed does not depend on what they are). Both
+    draw the same random tokens with train.get_batch (speed does not depend on what they are). Both
     use the allocator as train.py sets it on a CPU (keep_freed_memory), nanoGPT's step too: the ratio is
     the arithmetic's, and the whole runs above show what the allocator adds."""
     keep_freed_memory()

@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 from config import UserError, load_config, option  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tinygpt import budget, system  # noqa: E402
-from tinygpt.dataset import load_data, mean_loss  # noqa: E402
-from tinygpt.files import load_checkpoint  # noqa: E402
+from tinygpt.files import load_checkpoint, load_data  # noqa: E402
+from tinygpt.score import mean_loss  # noqa: E402
 
 PYTHON_LIB = Path(sysconfig.get_paths()["stdlib"])  # every Python has its own
 PRESETS = {"cpu": "config/shakespeare_char_cpu.toml", "cpu_fast": "config/shakespeare_char_cpu_fast.toml"}

@@ -24,8 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import train  # noqa: E402
 from model import GPT  # noqa: E402
 from tinygpt import system  # noqa: E402
-from tinygpt.device import pick_dtype  # noqa: E402
-from tinygpt.system import keep_freed_memory  # noqa: E402
+from tinygpt.system import (
+    keep_freed_memory,  # noqa: E402
+    pick_dtype,  # noqa: E402
+)
 
 
 @system.cli

@@ -23,11 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import train
 from config import UserError
 from model import GPT
-from tinygpt import (
-    device,
-    system,  # noqa: E402
-)
-from tinygpt.dataset import read_meta
+from tinygpt import system  # noqa: E402
+from tinygpt.files import read_meta
 
 
 def matmul_peak_flops(n=1024, repeats=20):
@@ -82,7 +79,7 @@ def main(argv):
     ms = sorted(r["ms_per_iter"] for r in steps)[len(steps) // 2]
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum
     tok_s = tokens_per_iter / (ms / 1000)
-    device_name = device.choose_device(cfg.device)
+    device_name = system.choose_device(cfg.device)
     print(f"preset: {' '.join(rest) or '(defaults)'}")
     print(f"device: {device_name}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"median {ms:.1f} ms/iter over {len(steps)} iterations, {tok_s:,.0f} tokens/s")
@@ -90,7 +87,7 @@ def main(argv):
         print(f"MFU {np.median([r['mfu'] for r in steps]):.1%} of the device's bf16 peak")
     elif device_name == "cpu":
         params = GPT(train.model_config(cfg, vocab_size)).num_params()
-        flops = device.train_flops_per_token(params, cfg.n_layer, cfg.n_embd, cfg.block_size) * tok_s
+        flops = system.train_flops_per_token(params, cfg.n_layer, cfg.n_embd, cfg.block_size) * tok_s
         peak = matmul_peak_flops()
         print(f"model FLOP/s {flops / 1e9:.1f} G, fp32 matmul peak here {peak / 1e9:.1f} G: MFU {flops / peak:.1%}")
     return 0

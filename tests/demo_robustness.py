@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: the repository's modules
 
 from config import UserError, load_config, option  # noqa: E402
-from tinygpt import dataset  # noqa: E402
+from tinygpt import files  # noqa: E402
 from tinygpt.system import cli  # noqa: E402
 from tinygpt.tokenizer import tokenizer_from_meta  # noqa: E402
 
@@ -55,7 +55,7 @@ def text_of(megabytes):
 def which_data_set(out, texts):
     """'old' or 'new' if out holds that data set, complete (meta.json, bins, ids); else why not."""
     try:
-        meta, splits = dataset.load_data(out)
+        meta, splits = files.load_data(out)
     except UserError as e:
         return f"INCOMPLETE ({e})"
     name = texts.get(meta["sha256"])

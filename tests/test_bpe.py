@@ -19,9 +19,9 @@ import prepare
 import train
 from config import UserError
 from model import GPT, GPTConfig
-from tinygpt import dataset, system, textfiles
+from tinygpt import files, system, textfiles
 from tinygpt.decoding import generate
-from tinygpt.device import padded_vocab_size
+from tinygpt.system import padded_vocab_size
 from tinygpt.tokenizer import TiktokenTokenizer, cut_point, tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,8 +62,8 @@ def prepare_bpe(path, encoding, out_dir):
 
 
 def read_tokens(out_dir):
-    meta = dataset.read_meta(out_dir)
-    ids = np.concatenate([dataset.open_split(out_dir, split, meta) for split in ("train", "val")])
+    meta = files.read_meta(out_dir)
+    ids = np.concatenate([files.open_split(out_dir, split, meta) for split in ("train", "val")])
     return meta, ids
 
 

@@ -5,10 +5,8 @@ import dataclasses
 import json
 import math
 import os
-import re
 import shlex
 import signal
-import time
 from pathlib import Path
 
 import pytest

@@ -25,7 +25,7 @@ import prepare
 import sample
 import train
 from model import GPT, GPTConfig
-from tinygpt import dataset, export, score
+from tinygpt import export, files, score
 from tinygpt.tokenizer import CharTokenizer
 
 transformers = pytest.importorskip("transformers", reason="the reference: pip install -r requirements-dev.txt")
@@ -174,8 +174,8 @@ def test_no_character_ends_a_generation(exported):
 
 
 def prepared_ids(data_dir):
-    meta = dataset.read_meta(data_dir)
-    return np.concatenate([dataset.open_split(data_dir, split, meta) for split in ("train", "val")]).tolist()
+    meta = files.read_meta(data_dir)
+    return np.concatenate([files.open_split(data_dir, split, meta) for split in ("train", "val")]).tolist()
 
 
 def test_the_tokenizer_reads_tiny_shakespeare_as_prepare_py_does(data, exported):

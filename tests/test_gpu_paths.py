@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import train
-from tinygpt import budget, device, files
+from tinygpt import budget, files, system
 
 TINY = "config/tiny.toml"
 
@@ -22,17 +22,17 @@ TINY = "config/tiny.toml"
     ("NVIDIA GeForce RTX 4090", 165e12), ("NVIDIA GeForce RTX 3060", None)])
 def test_each_gpu_is_measured_against_its_own_peak(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: name)
-    assert device.peak_flops("cuda") == peak
+    assert system.peak_flops("cuda") == peak
 
 
 def test_the_log_gives_mfu_against_the_peak_of_a_gpu_it_knows(monkeypatch, data_dir, tmp_path):
-    monkeypatch.setattr(device, "peak_flops", lambda device_type: 1e9)  # as if this CPU were a GPU of 1 GFLOP/s
+    monkeypatch.setattr(system, "peak_flops", lambda device_type: 1e9)  # as if this CPU were a GPU of 1 GFLOP/s
     args = [TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=5", "--log_interval=5"]
     assert train.main(args) == 0
     record = next(json.loads(line) for line in Path(tmp_path / "log.jsonl").read_text().splitlines() if "mfu" in line)
     config = files.load_checkpoint(tmp_path / "ckpt.pt")["model_config"]
     params = train.GPT(train.GPTConfig(**config)).num_params()
-    flops = device.train_flops_per_token(params, config["n_layer"], config["n_embd"], config["block_size"])
+    flops = system.train_flops_per_token(params, config["n_layer"], config["n_embd"], config["block_size"])
     assert record["mfu"] == pytest.approx(flops * record["tokens_per_s"] / 1e9)
 
 
@@ -46,12 +46,12 @@ def test_a_lone_process_trains_on_the_gpu_it_names_with_tf32(monkeypatch, name, 
         chosen.append(device)
 
     monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.setattr(device, "choose_device", lambda name: name)
+    monkeypatch.setattr(system, "choose_device", lambda name: name)
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     before = torch.backends.cuda.matmul.fp32_precision
     try:
-        procs = device.start_processes(name)
+        procs = system.start_processes(name)
         assert (procs.device, chosen, torch.backends.cuda.matmul.fp32_precision) == (expected, [expected], "tf32")
     finally:
         torch.backends.cuda.matmul.fp32_precision = before

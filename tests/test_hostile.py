@@ -15,7 +15,7 @@ import prepare
 import sample
 import train
 from model import GPT, GPTConfig
-from tinygpt import export, files, gpt2, plot, score, textfiles, weights
+from tinygpt import export, files, gpt2, plot, score, textfiles
 from tinygpt.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

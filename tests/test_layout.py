@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 STORY = ("model.py", "train.py", "sample.py", "prepare.py")  # the four files a reader walks
 PACKAGE = "tinygpt"

@@ -1,4 +1,4 @@
-"""device.py's memory check: memory_bound, the arithmetic that spares ordinary runs the
+"""system.py's memory check: memory_bound, the arithmetic that spares ordinary runs the
 meta-device measurement (a second of imports), is never below what training_memory measures
 and, for a GPT, not far above it; and check_model_fits measures only the models that might not fit."""
 
@@ -15,8 +15,8 @@ import torch
 
 from config import UserError, load_config
 from model import MIXERS, POSITIONS, SCORES, GPTConfig
-from tinygpt import device, gpt2
-from tinygpt.device import check_model_fits, memory_bound, training_memory
+from tinygpt import gpt2, system
+from tinygpt.system import check_model_fits, memory_bound, training_memory
 from train import TrainConfig, model_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,8 +100,8 @@ def test_a_model_whose_bound_fits_is_not_measured(monkeypatch, dtype):
 
     mconf = small_model()
     bound = memory_bound(mconf, 8, 16, shrink=4 // dtype.itemsize)  # 16-bit activations: half their room
-    monkeypatch.setattr(device, "training_memory", unwanted)
-    monkeypatch.setattr(device, "memory_size", lambda name: (bound, "this test's memory"))
+    monkeypatch.setattr(system, "training_memory", unwanted)
+    monkeypatch.setattr(system, "memory_size", lambda name: (bound, "this test's memory"))
     check_model_fits(mconf, 8, 16, "cpu", dtype)
 
 
@@ -109,7 +109,7 @@ def test_16_bit_activations_leave_the_fp32_weights_gradients_and_moments_whole(m
     mconf = GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=128)
     n_params, measured = training_memory(mconf, 1, 4)
     assert measured - 16 * n_params < 16 * n_params  # the parameters' share is most of it
-    monkeypatch.setattr(device, "memory_size", lambda name: (16 * n_params, "this test's memory"))  # room for those
+    monkeypatch.setattr(system, "memory_size", lambda name: (16 * n_params, "this test's memory"))  # room for those
     with pytest.raises(UserError, match="needs at least"):
         check_model_fits(mconf, 1, 4, "cpu", torch.bfloat16)
 
@@ -118,8 +118,8 @@ def test_a_model_whose_bound_does_not_fit_is_measured_and_passes_if_the_measurem
     mconf = small_model()
     measured = training_memory(mconf, 8, 16)[1]
     calls = []
-    monkeypatch.setattr(device, "training_memory", lambda *args: calls.append(args) or training_memory(*args))
-    monkeypatch.setattr(device, "memory_size", lambda name: (measured, "this test's memory"))
+    monkeypatch.setattr(system, "training_memory", lambda *args: calls.append(args) or training_memory(*args))
+    monkeypatch.setattr(system, "memory_size", lambda name: (measured, "this test's memory"))
     assert memory_bound(mconf, 8, 16) > measured
     check_model_fits(mconf, 8, 16, "cpu", torch.float32)
     assert calls == [(mconf, 8, 16, 1)]
@@ -128,7 +128,7 @@ def test_a_model_whose_bound_does_not_fit_is_measured_and_passes_if_the_measurem
 def test_a_model_whose_measurement_does_not_fit_is_refused_with_what_it_needs(monkeypatch):
     mconf = small_model()
     measured = training_memory(mconf, 8, 16)[1]
-    monkeypatch.setattr(device, "memory_size", lambda name: (measured - 1, "this test's memory"))
+    monkeypatch.setattr(system, "memory_size", lambda name: (measured - 1, "this test's memory"))
     with pytest.raises(UserError, match=r"needs at least .* and this test's memory is"):
         check_model_fits(mconf, 8, 16, "cpu", torch.float32)
 

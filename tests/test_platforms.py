@@ -18,7 +18,7 @@ import torch
 
 from config import UserError
 from model import GPT, GPTConfig
-from tinygpt import device, files, system
+from tinygpt import files, system
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -210,26 +210,26 @@ def mac(monkeypatch):
 
 
 def test_auto_picks_mps_on_apple_silicon(mac):
-    assert device.choose_device("auto") == "mps" and device.choose_device("mps") == "mps"
+    assert system.choose_device("auto") == "mps" and system.choose_device("mps") == "mps"
 
 
 def test_auto_trains_in_fp32_on_mps(mac):
     """Apple Silicon's GPU: bf16 matmuls not known to be faster there, so fp32 unless asked for."""
-    assert device.pick_dtype("auto", "mps", training=True) == torch.float32
-    assert device.pick_dtype("auto", "mps") == torch.float32
-    assert device.pick_dtype("bfloat16", "mps", training=True) == torch.bfloat16
+    assert system.pick_dtype("auto", "mps", training=True) == torch.float32
+    assert system.pick_dtype("auto", "mps") == torch.float32
+    assert system.pick_dtype("bfloat16", "mps", training=True) == torch.bfloat16
 
 
 def test_the_memory_check_counts_what_metal_lets_mps_use(mac, monkeypatch):
-    assert device.memory_size("mps")[0] == 8 * 10**9
+    assert system.memory_size("mps")[0] == 8 * 10**9
     big = GPTConfig(vocab_size=65, block_size=512, n_layer=12, n_head=12, n_embd=768)  # 16 GB to train at batch 32
     with pytest.raises(UserError, match="the memory Metal lets mps use"):
-        device.check_model_fits(big, 32, 512, "mps", torch.float32)
+        system.check_model_fits(big, 32, 512, "mps", torch.float32)
     monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 64 * 10**9)  # a Mac with more
-    device.check_model_fits(big, 32, 512, "mps", torch.float32)
+    system.check_model_fits(big, 32, 512, "mps", torch.float32)
 
 
 def test_compile_on_mps_says_it_runs_uncompiled(mac, capsys):
     model = GPT(GPTConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=16))
-    assert device.maybe_compile(model, "mps") is model
+    assert system.maybe_compile(model, "mps") is model
     assert "uncompiled" in capsys.readouterr().out

@@ -43,7 +43,7 @@ WORKER = textwrap.dedent("""
             return real_save(obj, f, *args, **kwargs)
         torch.save = save
     if inject.startswith("term:") and rank == 1:  # a SIGTERM to rank 1 alone as set-up reaches inject's function
-        where, name = (train.device.Processes, "wrap") if inject == "term:wrap" else (train, inject[5:])
+        where, name = (train.system.Processes, "wrap") if inject == "term:wrap" else (train, inject[5:])
         real = getattr(where, name)
         def signalled(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGTERM)

@@ -23,7 +23,7 @@ import torch
 import prepare
 import sample
 import train
-from tinygpt import dataset, files, score
+from tinygpt import files, score
 from tinygpt.tokenizer import tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,7 +207,7 @@ def text_of(n_lines, word):
 
 def prepared_sha(out):
     """The sha256 of the text the complete data set in out was made from (else an error)."""
-    meta, splits = dataset.load_data(out)  # meta.json and the bins, all checked
+    meta, splits = files.load_data(out)  # meta.json and the bins, all checked
     head = tokenizer_from_meta(meta).decode(splits["train"][:40].tolist())
     return meta["sha256"], head
 
@@ -320,7 +320,7 @@ def test_an_input_whose_name_is_not_utf8_replaces_the_data_set(tmp_path):
     except (OSError, UnicodeEncodeError):
         pytest.skip("this file system takes UTF-8 names only")
     assert prepare.main(["--input", str(odd), "--out_dir", str(out)]) == 0
-    meta = dataset.read_meta(out)
+    meta = files.read_meta(out)
     assert meta["source"] == "caf\ufffd.txt"
     assert meta["sha256"] == hashlib.sha256(text_of(300, "odd").encode()).hexdigest()
 
@@ -340,7 +340,7 @@ def test_a_fifo_is_read_as_a_stream_not_taken_for_empty(tmp_path):
     writer.start()
     assert prepare.main(["--input", str(tmp_path / "fifo"), "--out_dir", str(tmp_path / "set")]) == 0
     writer.join()
-    meta, splits = dataset.load_data(tmp_path / "set")
+    meta, splits = files.load_data(tmp_path / "set")
     tokenizer = tokenizer_from_meta(meta)
     assert tokenizer.decode(np.concatenate([splits["train"], splits["val"]]).tolist()) == text
     assert sorted(p.name for p in (tmp_path / "set").iterdir()) == ["meta.json", "train.bin", "val.bin"]
@@ -349,7 +349,7 @@ def test_a_fifo_is_read_as_a_stream_not_taken_for_empty(tmp_path):
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 def test_a_proc_file_reads_as_text(tmp_path):
     assert prepare.main(["--input", "/proc/self/status", "--out_dir", str(tmp_path / "set")]) == 0
-    assert dataset.read_meta(tmp_path / "set")["train_tokens"] > 100
+    assert files.read_meta(tmp_path / "set")["train_tokens"] > 100
 
 
 # --- Streams and signals ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import train
-from tinygpt import device, files
+from tinygpt import files, system
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "config" / "tiny.toml")
@@ -127,9 +127,9 @@ def test_weight_decay_applies_to_matrices_only():
 
 
 def test_compile_without_a_compiler_warns_and_runs_uncompiled(monkeypatch, capsys):
-    monkeypatch.setattr(device.shutil, "which", lambda name: None)
+    monkeypatch.setattr(system.shutil, "which", lambda name: None)
     model = torch.nn.Linear(2, 2)
-    assert device.maybe_compile(model, "cpu") is model
+    assert system.maybe_compile(model, "cpu") is model
     assert "running uncompiled" in capsys.readouterr().out
 
 
@@ -212,8 +212,8 @@ def test_auto_dtype_on_a_cpu_is_the_same_idle_or_busy(monkeypatch):
         clock = iter(range(10**6))
         monkeypatch.setattr(time, "perf_counter", lambda tick=tick, clock=clock: next(clock) * tick)
         monkeypatch.setattr(time, "time", lambda tick=tick, clock=clock: next(clock) * tick)
-        chosen.add(device.pick_dtype("auto", "cpu", training=True))
-    assert chosen == {torch.bfloat16 if device.cpu_has_bf16() else torch.float32}
+        chosen.add(system.pick_dtype("auto", "cpu", training=True))
+    assert chosen == {torch.bfloat16 if system.cpu_has_bf16() else torch.float32}
 
 
 def test_resume_without_a_checkpoint_is_an_error(data_dir, tmp_path, capsys):
@@ -228,17 +228,17 @@ def test_head_count_that_does_not_divide_the_width_is_an_error(data_dir, tmp_pat
 
 @pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float32)])
 def test_auto_dtype_trains_in_bf16_only_on_a_cpu_with_native_bf16(monkeypatch, native, expected):
-    monkeypatch.setattr(device, "cpu_has_bf16", lambda: native)
-    assert device.pick_dtype("auto", "cpu", training=True) == expected
-    assert device.pick_dtype("auto", "cpu") == torch.float32  # sampling one token at a time: fp32
-    assert device.pick_dtype("float32", "cpu", training=True) == torch.float32
+    monkeypatch.setattr(system, "cpu_has_bf16", lambda: native)
+    assert system.pick_dtype("auto", "cpu", training=True) == expected
+    assert system.pick_dtype("auto", "cpu") == torch.float32  # sampling one token at a time: fp32
+    assert system.pick_dtype("float32", "cpu", training=True) == torch.float32
 
 
 def test_the_dtype_auto_chose_is_kept_with_the_run_and_resumed(data_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(device, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(system, "cpu_has_bf16", lambda: True)
     assert run_train(data_dir, tmp_path, "--max_iters=4", "--eval_interval=2", "--dtype=auto") == 0
     assert files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]["dtype"] == "bfloat16"
-    monkeypatch.setattr(device, "cpu_has_bf16", lambda: False)  # another machine
+    monkeypatch.setattr(system, "cpu_has_bf16", lambda: False)  # another machine
     assert run_train(data_dir, tmp_path, "--max_iters=6", "--init_from=resume") == 0
     assert files.load_checkpoint(tmp_path / "ckpt.pt")["train_config"]["dtype"] == "bfloat16"
 

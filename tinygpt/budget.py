@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from config import AUTO, UserError
-from tinygpt.device import train_flops_per_token
 from tinygpt.files import write_atomic, write_error
+from tinygpt.system import train_flops_per_token
 
 DEFAULT_BUDGET = "5m"  # max_time for a run that leaves anything auto: a few minutes of a laptop's time
 MAX_BUDGET = 1000 * 3600  # the longest budget planned for, in seconds (longer ones overflow the sizing's sums)

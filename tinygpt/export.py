@@ -19,8 +19,8 @@ import torch
 from config import UserError, load_config, option
 from model import GPT, GPTConfig
 from tinygpt import gpt2, system
-from tinygpt.device import padded_vocab_size
 from tinygpt.files import check_path, checkpoint_path, load_checkpoint, staging_dir, swap_in, write_error
+from tinygpt.system import padded_vocab_size
 from tinygpt.tokenizer import END_OF_TEXT, load_encoding, tokenizer_from_meta
 
 # model.GPT's module names -> each architecture's; in a block's, blocks.N.part, blocks and part are mapped, N kept.

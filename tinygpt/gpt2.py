@@ -14,8 +14,8 @@ import torch
 
 from config import UserError
 from model import GPT, GPTConfig
-from tinygpt.device import padded_vocab_size
 from tinygpt.files import load_tensors
+from tinygpt.system import padded_vocab_size
 from tinygpt.tokenizer import load_encoding
 
 SIZES = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1.5B"}  # parameters

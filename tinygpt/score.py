@@ -6,19 +6,40 @@ its whole val split (--eval_iters=0), so a prepared data set's val text scores t
 first token has no context and is not scored; bits per character count the characters of the tokens scored.
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from config import UserError, load_config, option
 from tinygpt import system
-from tinygpt.dataset import mean_loss
-from tinygpt.device import autocast, choose_device, pick_dtype
 from tinygpt.files import checkpoint_path
 from tinygpt.prompts import drop_unknown
+from tinygpt.system import autocast, choose_device, pick_dtype
 from tinygpt.textfiles import read_text
 from tinygpt.weights import load_model
+
+
+@torch.no_grad()
+def mean_loss(model, ids, block_size, batch_size, device, autocast=None):
+    """The mean next-token loss, in nats, of every token of ids (a 1-D array) after the first: ids cut
+    into non-overlapping windows of block_size predictions, the last one shorter if need be, so each
+    token is predicted once, from the tokens before it in its window. Call model.eval() first."""
+    n = len(ids) - 1  # predictions: every token but the first
+    starts = list(range(0, n, block_size))
+    full, rest = n // block_size, n % block_size
+    total = 0.0
+    for group, T in ((starts[:full], block_size), (starts[full:], rest)):  # windows of one length in each batch
+        for i in range(0, len(group), batch_size):
+            chunk = group[i : i + batch_size]
+            x = np.stack([ids[s : s + T] for s in chunk]).astype(np.int64)  # (B, T)
+            y = np.stack([ids[s + 1 : s + 1 + T] for s in chunk]).astype(np.int64)  # (B, T): the next tokens
+            with autocast or contextlib.nullcontext():
+                _, loss = model(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+            total += loss.item() * y.size
+    return total / n
 
 
 @dataclass
