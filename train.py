@@ -23,11 +23,9 @@ from config import AUTO, UserError, load_config, option
 from model import GELUS, GPT, MIXERS, POSITIONS, SCORES, GPTConfig
 from tinygpt import budget, files, optim, score, system, weights
 
-# How often the processes under torchrun agree on the clock and on whether to stop: after each step
-# cost 3-7% of a CPU step with 2 processes; every 10 steps, 0-1% (bench/agreement.py). A process
-# alone agrees with itself after every step.
+# Under torchrun the processes agree on the clock and on stopping every 10 steps: after each step
+# cost 3-7% of a CPU step with 2 processes, every 10 steps 0-1% (bench/agreement.py).
 AGREE_EVERY = 10
-DTYPES = ("float32", "bfloat16", "float16")  # tinygpt/system.py's
 
 
 @dataclasses.dataclass
@@ -81,7 +79,7 @@ class TrainConfig:
     wandb_run_name: str = option("", "W&B run name (empty: out_dir's name)")
     # system
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps")
-    dtype: str = option(AUTO, "bf16 where fast, else fp16 on GPUs, fp32", choices=(AUTO, *DTYPES))
+    dtype: str = option(AUTO, "bf16 where fast, else fp16 on GPUs, fp32", choices=(AUTO, *system.DTYPES))
     compile: bool = option(False, "torch.compile the model")
     seed: int = option(1337, "random seed", low=0, high=2**63 - 1)
     dry_run: bool = option(False, "say the run, then stop: nothing trained or written")
@@ -91,70 +89,69 @@ class TrainConfig:
 def main(argv):
     cfg = load_config(TrainConfig, argv, "train.py", __doc__)
     cfg = dataclasses.replace(cfg, out_dir=cfg.out_dir or f"out/{Path(cfg.data_dir).name}")
-    for option, path in ("--data_dir", cfg.data_dir), ("--out_dir", cfg.out_dir):
-        files.check_path(path, option, directory=True)  # a name too long, a loop, a file: one line
+    for name in ("data_dir", "out_dir"):
+        files.check_path(getattr(cfg, name), f"--{name}", directory=True)
     ckpt = None
-    if cfg.init_from == "resume":  # its own settings, over the presets, under the command line
+    if cfg.init_from == "resume":  # its own settings, under the command line's
         ckpt = files.load_checkpoint(saved(cfg), choosing=False)
         cfg = load_config(TrainConfig, argv, base=ckpt["train_config"] | {"out_dir": cfg.out_dir})
-    cfg = dataclasses.replace(cfg, log_to=cfg.log_to and files.check_trackers(cfg.log_to))
-    procs = system.start_processes(cfg.device)
-    if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
-        import prepare  # only here: what a fresh clone lacks
+    files.check_trackers(cfg.log_to)
+    with system.start_processes(cfg.device) as procs, files.RunLock(cfg.out_dir) as lock:
+        if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
+            import prepare  # only here: what a fresh clone lacks
 
-        prepare.make_default(cfg.data_dir, procs.world)
-    lock, status = files.RunLock(cfg.out_dir), None
-    try:
-        with system.Stop() as stop:  # Ctrl-C, SIGTERM, SIGHUP: the step ends, saves, exits
+            prepare.make_default(cfg.data_dir, procs.world)
+        # Ctrl-C, SIGTERM, SIGHUP: the step ends, saves, exits
+        with system.Stop() as stop:
             run = set_up(cfg, procs, lock, ckpt)
-            status = 0 if cfg.dry_run else train(run, stop)
-        return status
-    except UserError:
-        status = 2  # met by every process together (Processes.fail_together)
-        raise
-    finally:
-        lock.release()
-        system.end_processes(finished=status is not None)
+            return 0 if cfg.dry_run else train(run, stop)
 
 
 # --- Setting up ------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
-class Run:  # what the loop reads and changes
+class Run:
+    """What the loop reads and changes. model is what a step runs: raw_model (what a checkpoint
+    saves), compiled and under DDP where asked. The loop's state: its steps taken, the best val
+    loss, evaluations in a row without one, the progress of the next evaluation, and a timed run's
+    clock (its seconds spent of its seconds; inf: not timed)."""
+
     cfg: TrainConfig
     procs: system.Processes
-    meta: dict  # the tokenizer
-    splits: dict  # the train and val tokens
-    raw_model: GPT  # what a checkpoint saves
+    meta: dict
+    splits: dict
+    raw_model: GPT
     optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler  # fp16's loss scaling
-    model: torch.nn.Module  # what a step runs: raw_model, compiled and under DDP where asked
+    scaler: torch.amp.GradScaler
     autocast: object
-    it: int = 0  # steps taken
+    model: torch.nn.Module = None
+    it: int = 0
     best_val: float = math.inf
-    bad_evals: int = 0  # evaluations in a row without a new best
-    next_eval: float = 0.0  # the progress of the next evaluation
-    spent: float = 0.0  # a timed run's clock: its seconds spent of its seconds (inf: not timed)
+    bad_evals: int = 0
+    next_eval: float = 0.0
+    spent: float = 0.0
     seconds: float = math.inf
-    trackers: "files.Trackers | None" = None  # where the records go too, on rank 0, in the loop
-    wandb_id: str | None = None  # the W&B run it logs to, kept with its checkpoints
+    wandb_id: str | None = None
+    trackers: object = None
+    bad: str = ""
 
 
 def set_up(cfg, procs, lock, ckpt):
     """The run at its first step: out_dir locked, the start taken (scratch, resume from ckpt, or
     fine-tune), what is auto chosen, the model built with its optimizer."""
-    with procs.fail_together():  # a mistake one process meets (rank 0 alone writes) ends them all
+    # A mistake one process meets (rank 0 alone writes) ends them all.
+    with procs.fail_together():
         if procs.master and not cfg.dry_run:
-            lock.acquire()  # a run that fails to start changes nothing
+            lock.acquire()
         meta, splits = data = files.load_data(cfg.data_dir)
         pretrained = None
         if cfg.init_from not in ("scratch", "resume"):  # fine-tuning: the shape is the weights'
             pretrained = weights.load_weights(cfg.init_from, cfg.out_dir)
             cfg = weights.finetune_settings(pretrained, cfg, meta)
-        if ckpt is None and saved(cfg).exists() and not cfg.overwrite:
-            raise UserError(f"{saved(cfg)} exists; continue it with --init_from=resume, start "
-                            "over with --overwrite=true, or pick another --out_dir")
+        if not ckpt and saved(cfg).exists() and not cfg.overwrite:
+            raise UserError(f"{saved(cfg)} exists; continue it with --init_from=resume, start over "
+                            "with --overwrite=true, or pick another --out_dir")
         dtype = system.pick_dtype(cfg.dtype, procs.device_type, training=True)
         cfg = dataclasses.replace(cfg, dtype=system.NAMES[dtype])
     if AUTO in (getattr(cfg, k) for k in budget.CHOSEN):  # chosen for the data and the time
@@ -163,52 +160,55 @@ def set_up(cfg, procs, lock, ckpt):
         age = lambda: procs.broadcast((system.process_age(),))[0]  # noqa: E731  rank 0's clock
         cfg, chosen = budget.fill_auto(cfg, sizes, timed, procs.world, age)
         procs.say(chosen)
-    seconds = cfg.max_time != AUTO and budget.parse_duration(cfg.max_time)  # a preset's auto: none
-    if seconds and ckpt is None:  # a new timed run has what is left of its time, by rank 0's clock
+    seconds = cfg.max_time != AUTO and budget.parse_duration(cfg.max_time)
+    if seconds and not ckpt:  # a new timed run has what is left of its time, by rank 0's clock
         seconds = budget.USABLE * seconds - procs.broadcast((system.process_age(),))[0]
         if seconds <= 0:
-            raise UserError(f"max_time {cfg.max_time} is spent before the run starts ({-seconds:.1f} s "
-                            "over); give more time")
+            raise UserError(f"max_time {cfg.max_time} is spent before the run starts "
+                            f"({-seconds:.1f} s over); give more time")
     with procs.fail_together():
-        run = build(cfg, data, procs, pretrained)
+        run = build(cfg, data, procs)
         run.seconds = seconds or math.inf
-        if ckpt is not None:  # resumed: where it stopped
+        if pretrained:
+            procs.say(weights.load_into(run.raw_model, pretrained, meta))
+        if ckpt:
             weights.restore(ckpt, run)
             procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
         if procs.master and not cfg.dry_run:
-            files.start_log(cfg.out_dir, run.it)  # the first write
-    compiled = system.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else None
+            files.start_log(cfg.out_dir, run.it)
+    compiled = cfg.compile and system.maybe_compile(run.raw_model, procs.device_type)
     run.model = procs.wrap(compiled or run.raw_model)
-    procs.say(f"{run.raw_model.num_params():,} params, {tokens_per_step(run):,} tokens/step "
+    procs.say(f"{run.raw_model.num_params():,} params, {tokens_per_step(cfg, procs):,} tokens/step "
               f"({cfg.batch_size} x {cfg.block_size} a micro-batch); {procs.device} {cfg.dtype}")
     if cfg.dry_run:
         procs.say(f"to train it: {budget.repeat_command(cfg)}\ndry run: nothing trained or written")
     return run
 
 
-def build(cfg, data, procs, pretrained=None):
+def build(cfg, data, procs):
     """A new Run of cfg on procs.device, once the data holds more than a block, the switches go
-    together and training fits in memory: the model (seeded, or holding the weights to fine-tune),
-    its optimizer."""
+    together and training fits in memory: the model, seeded, and its optimizer."""
     meta, splits = data
-    files.check_block_size(splits, cfg.block_size, cfg.data_dir)
+    for split, tokens in splits.items():  # each a window of block_size, and its next token
+        if len(tokens) <= cfg.block_size:
+            raise UserError(f"the {split} split of {cfg.data_dir} has {len(tokens)} tokens, not "
+                            f"more than block_size {cfg.block_size}; lower --block_size or "
+                            "prepare a longer text")
     mconf, dtype = model_config(cfg, meta["vocab_size"]), system.DTYPES[cfg.dtype]
     system.check_model_fits(mconf, cfg.batch_size, cfg.block_size, procs.device, dtype)
     torch.manual_seed(cfg.seed)
     model = GPT(mconf).to(procs.device)
-    if pretrained is not None:
-        procs.say(weights.load_into(model, pretrained, meta))
     optimizer = make_optimizer(model, cfg, procs.device_type)
     scaler = torch.amp.GradScaler(procs.device_type, enabled=dtype == torch.float16)
     autocast = system.autocast(procs.device_type, dtype)
-    return Run(cfg, procs, meta, splits, model, optimizer, scaler, model, autocast)
+    return Run(cfg, procs, meta, splits, model, optimizer, scaler, autocast)
 
 
 def model_config(cfg, vocab_size):
-    """The model for cfg; its embedding is padded past the tokenizer's vocab_size for speed."""
+    """The model for cfg; its embedding padded to a multiple of 64 rows, for speed."""
     shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GPTConfig) if hasattr(cfg, f.name)}
     try:
-        return GPTConfig(**shape, vocab_size=system.padded_vocab_size(vocab_size), real_vocab_size=vocab_size)
+        return GPTConfig(**shape, vocab_size=-(-vocab_size // 64) * 64, real_vocab_size=vocab_size)
     except ValueError as e:
         raise UserError(f"model config: {e}") from None
 
@@ -219,7 +219,7 @@ def measure(cfg, data, procs):
     run = build(cfg, data, procs)
     batches = train_batches(run.splits["train"], cfg, procs.rank, 0, procs.device)
     x, y = next(batches)
-    step = lambda: train_step(run.model, run.optimizer, run.scaler, run.autocast, cfg, x, y, batches)  # noqa: E731
+    step = lambda: train_step(run.raw_model, run.optimizer, run.scaler, run.autocast, cfg, x, y, batches)  # noqa: E731
     return procs.broadcast((budget.time_per_call(step, min_seconds=0.5),))[0]
 
 
@@ -228,8 +228,8 @@ def saved(cfg, name="ckpt.pt"):
     return Path(cfg.out_dir) / name
 
 
-def tokens_per_step(run):
-    return run.cfg.batch_size * run.cfg.grad_accum * run.procs.world * run.cfg.block_size
+def tokens_per_step(cfg, procs):
+    return cfg.batch_size * cfg.grad_accum * procs.world * cfg.block_size
 
 
 # --- The loop --------------------------------------------------------------------------------
@@ -241,68 +241,74 @@ def train(run, stop):
     cfg, procs = run.cfg, run.procs
     batches = train_batches(run.splits["train"], cfg, procs.rank, run.it, procs.device)
     x, y = next(batches)
-    signum, bad, stop.model = 0, None, run.raw_model
-    clock = system.process_age() - run.spent  # the clock's zero: a resumed run goes on from its own
-    with files.open_trackers(run) as run.trackers, \
-            tqdm(total=cfg.max_iters, initial=run.it, disable=not procs.master or None) as bar:
+    stop.model, loss = run.raw_model, 0.0
+    # The clock's zero: a resumed run goes on from its own.
+    clock = system.process_age() - run.spent
+    bar = tqdm(total=cfg.max_iters, initial=run.it, disable=not procs.master or None)
+    with files.open_trackers(run) as run.trackers, bar:
         while True:
             progress = min(1.0, max(run.it / max(1, cfg.max_iters), run.spent / run.seconds))
             lr = get_lr(progress, cfg)
             for group in run.optimizer.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's: muon_lr's
-            evaluating = progress >= run.next_eval
-            if evaluating:
+                group["lr"] = lr * group.get("lr_scale", 1.0)
+            if progress >= run.next_eval:
                 with procs.fail_together():  # a full disk under rank 0's checkpoint ends them all
                     evaluate(run, lr, progress, bar.write)
-            if procs.world == 1 or evaluating or run.it % AGREE_EVERY == 0:
-                signum = agree(run, stop, bad, system.process_age() - clock)
+            signum = agree(run, stop, loss, clock)
             if signum or progress >= 1 or 0 < cfg.patience <= run.bad_evals:
                 break
-            t0 = time.perf_counter()
             if cfg.dropout > 0:  # this step's dropout masks
                 torch.manual_seed(step_seed(cfg.seed, procs.rank, run.it))
-            loss, x, y = train_step(run.model, run.optimizer, run.scaler, run.autocast, cfg, x, y,
-                                    batches)
-            step_ms, run.it = (time.perf_counter() - t0) * 1000, run.it + 1
-            if bad is None and not math.isfinite(loss):
-                bad = f"{loss} at iteration {run.it}"
-            log_step(run, loss, lr, step_ms, bar)
+            t0 = time.perf_counter()
+            loss, x, y = train_step(run.model, run.optimizer, run.scaler, run.autocast, cfg, x, y, batches)
+            run.it += 1
+            log_step(run, loss, lr, time.perf_counter() - t0, bar)
     return finish(run, signum)
 
 
 def get_lr(progress, cfg):
     """At progress in [0, 1] (steps, or seconds, done of the run's): a linear warmup over its
-    first `warmup` share, then a cosine decay to min_lr at its end."""
+    first `warmup` share, then a cosine decay to min_lr at its end. An optimizer group's lr_scale
+    (Muon's) scales it to its own peak."""
     if progress < cfg.warmup:
         return cfg.learning_rate * progress / cfg.warmup
     decay = (progress - cfg.warmup) / (1 - cfg.warmup)
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * decay)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def agree(run, stop, bad, spent):
-    """What every process decides together: the clock is rank 0's (spent: this one's), and a signal
-    to any process or a loss gone non-finite on any stops them all. Returns the signal, or 0."""
-    mine = (spent if run.procs.master else 0.0, stop.signum or 0, bad is not None)
-    run.spent, signum, failed = run.procs.all_max(mine)
-    if failed:
-        bad = bad or f"not finite on another process by iteration {run.it}"
-        raise UserError(f"loss is {bad}; the last good "
-                        f"checkpoint is kept in {run.cfg.out_dir}. Try a lower --learning_rate, "
-                        "or bfloat16 instead of float16")
+def agree(run, stop, loss, clock):
+    """What the processes decide together, alone after each step and under torchrun every
+    AGREE_EVERY: the clock is rank 0's, and a signal to any process, or a loss gone non-finite on
+    any, stops them all. Returns the signal, or 0."""
+    if not math.isfinite(loss):
+        run.bad = run.bad or f"{loss} at iteration {run.it}"
+    if run.procs.world > 1 and run.it % AGREE_EVERY:
+        return 0
+    mine = (system.process_age() - clock if run.procs.master else 0.0, stop.signum or 0, bool(run.bad))
+    run.spent, signum, bad = run.procs.all_max(mine)
+    if bad:
+        raise UserError(f"loss is {run.bad or f'not finite on another process by iteration {run.it}'}; "
+                        f"the last good checkpoint is kept in {run.cfg.out_dir}. Try a lower "
+                        "--learning_rate, or bfloat16 instead of float16")
     return int(signum)
 
 
 def evaluate(run, lr, progress, write):
     """Estimates the losses (the same batches each time: a change is the model's) on every process,
     which all decide alike; rank 0 logs them and saves ckpt.pt, and best.pt when val improved. A
-    stop signal ends it between two batches, and weights whose loss is not finite, unsaved."""
+    stop signal ends it between two batches, and weights whose loss is not finite, unsaved. On a
+    CPU it runs in fp32: exact."""
     model = getattr(run.model, "module", run.model)  # never under DDP
-    autocast = contextlib.nullcontext() if run.procs.device_type == "cpu" else run.autocast  # exact
+    autocast = contextlib.nullcontext() if run.procs.device_type == "cpu" else run.autocast
     try:
         losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, autocast)
     except system.Stopped:
         return model.train()
-    run.next_eval = next_evaluation(run, progress)
+    if run.seconds < math.inf:  # at the next tenth of a timed run's time
+        run.next_eval = (math.floor(progress * budget.EVALS) + 1) / budget.EVALS
+    else:  # after eval_interval more steps; at the end, at the latest
+        every, steps = run.cfg.eval_interval, max(1, run.cfg.max_iters)
+        run.next_eval = min(steps, (run.it // every + 1) * every) / steps
     val = losses["val"]
     if not math.isfinite(val):
         return
@@ -319,24 +325,15 @@ def evaluate(run, lr, progress, write):
               f"({record['val_bpc']:.3f} bits/token){' *' * improved}")
 
 
-def next_evaluation(run, progress):
-    """The progress of the evaluation after one at progress: at the next tenth of a timed run's
-    time, else after eval_interval more steps; the end, at the latest."""
-    if run.seconds < math.inf:
-        return (math.floor(progress * budget.EVALS) + 1) / budget.EVALS
-    every, steps = run.cfg.eval_interval, max(1, run.cfg.max_iters)
-    return min(steps, (run.it // every + 1) * every) / steps
-
-
 def train_step(model, optimizer, scaler, autocast, cfg, x, y, batches):
     """One optimizer step over grad_accum micro-batches, the first (x, y), then from batches (an
-    iterator); returns the loss and the next batch."""
+    iterator); returns the loss and the next batch, drawn while the device works. Under DDP the
+    gradients are averaged across processes on the last micro-batch alone."""
     for micro in range(cfg.grad_accum):
-        # Under DDP, gradients are averaged across processes only on the last micro-step.
         last = micro == cfg.grad_accum - 1 or not hasattr(model, "no_sync")
         with (contextlib.nullcontext() if last else model.no_sync()), autocast:
             _, loss = model(x, y)
-        x, y = next(batches)  # drawn while the device works
+        x, y = next(batches)
         scaler.scale(loss / cfg.grad_accum).backward()
     if cfg.grad_clip > 0:
         scaler.unscale_(optimizer)
@@ -344,18 +341,18 @@ def train_step(model, optimizer, scaler, autocast, cfg, x, y, batches):
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad()
-    return loss.item(), x, y  # .item() waits for the device
+    return loss.item(), x, y
 
 
-def log_step(run, loss, lr, step_ms, bar):
+def log_step(run, loss, lr, seconds, bar):
     """The bar moves each step; a log record every log_interval."""
     if not run.procs.master or not math.isfinite(loss):
         return
-    tok_s = tokens_per_step(run) / (step_ms / 1000)
+    tok_s = tokens_per_step(run.cfg, run.procs) / seconds
     bar.update(1)
     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
     if run.it % run.cfg.log_interval == 0:
-        record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": step_ms, "tokens_per_s": tok_s}
+        record = {"iter": run.it, "loss": loss, "lr": lr, "ms_per_iter": 1000 * seconds, "tokens_per_s": tok_s}
         if mfu := system.mfu(run.procs.device_type, run.raw_model, run.cfg, tok_s / run.procs.world):
             record["mfu"] = mfu
         files.append_record(run.cfg.out_dir, record, run.trackers)
@@ -386,10 +383,11 @@ def finish(run, signum):
 
 
 def get_batch(data, batch_size, block_size, rng, device_name):
-    """batch_size windows of data at random: x (B, T), and y (B, T), each position's next token."""
+    """batch_size windows of data at random: x (B, T), and y (B, T), each position's next token.
+    On a GPU from pinned memory: copied while the GPU works."""
     starts = rng.integers(0, len(data) - block_size, size=batch_size)
     xy = torch.from_numpy(np.stack([data[s : s + block_size + 1] for s in starts]).astype(np.int64))
-    if device_name.startswith("cuda"):  # pinned: copied while the GPU works
+    if device_name.startswith("cuda"):
         xy = xy.pin_memory().to(device_name, non_blocking=True)
     xy = xy.to(device_name)
     return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
@@ -419,7 +417,7 @@ def estimate_loss(model, splits, cfg, device_name, autocast):
     for name, data in splits.items():
         if cfg.eval_iters == 0:
             out[name] = score.mean_loss(model, data[: len(splits["val"])], cfg.block_size,
-                                          4 * cfg.batch_size, device_name, autocast)
+                                        4 * cfg.batch_size, device_name, autocast)
             continue
         rng = np.random.default_rng(cfg.seed)
         batches = (get_batch(data, cfg.batch_size, cfg.block_size, rng, device_name)
@@ -433,14 +431,13 @@ def estimate_loss(model, splits, cfg, device_name, autocast):
 def make_optimizer(model, cfg, device_type):
     """AdamW, or (muon) Muon for the matrices inside the blocks and AdamW for the rest. AdamW decays
     every matrix (the embedding is the output head too) and no bias or gain, which set scales and
-    offsets."""
+    offsets. Its fused kernel updates every tensor in one pass: on a CPU a third of the per-tensor
+    loop's time."""
     named = list(model.named_parameters())
     muon = [p for n, p in named if cfg.optimizer == "muon" and n.startswith("blocks.") and p.dim() == 2]
     rest = [p for _, p in named if all(p is not m for m in muon)]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-    # The fused kernel updates every tensor in one pass: on a CPU a third of the per-tensor loop's
-    # time.
     adamw = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
                               fused=device_type != "mps")
     return optim.Optimizers(adamw, optim.muon(muon, cfg)) if muon else adamw

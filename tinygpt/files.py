@@ -334,6 +334,12 @@ class RunLock:
         for name in ("ckpt.pt.tmp", "best.pt.tmp", "log.jsonl.tmp"):  # half-written by a run killed while saving
             (self.out_dir / name).unlink(missing_ok=True)
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
     def release(self):
         """Lets go of the lock; the directories acquire made, if the run left out_dir empty, go with it."""
         if self.lock.is_locked:
@@ -427,6 +433,8 @@ TRACKER_MODULES = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb"}
 def check_trackers(log_to):
     """--log_to's trackers (comma-separated), once each, if their packages import; else a UserError, said
     before anything is written or trained."""
+    if not log_to:
+        return ""
     names = list(dict.fromkeys(name.strip() for name in log_to.split(",") if name.strip()))
     for name in names:
         if name not in TRACKER_MODULES:  # a misspelt name first: it needs no package

@@ -461,6 +461,19 @@ class Processes:
         if first < self.world:
             raise UserError(str(error) if first == self.rank else "", alone=first == self.rank) from None
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        """Leaves the process group, if there is one. Where every process reached the end (returned,
+        or met the same UserError), it waits there for the others first: gloo can abort a process
+        whose peer is already gone."""
+        if dist.is_initialized():
+            if exc_type is None or issubclass(exc_type, UserError):
+                with contextlib.suppress(RuntimeError):  # one gone after all (peer_lost)
+                    dist.barrier()
+            dist.destroy_process_group()
+
     def wrap(self, model):
         """model under DDP when started by torchrun (even as one process), else model itself."""
         if not dist.is_initialized():
@@ -483,7 +496,8 @@ def peer_lost():
 
 
 def start_processes(device_name):
-    """This process: alone, or one of torchrun's (RANK set) on the GPU of its LOCAL_RANK, over NCCL or gloo."""
+    """This process: alone, or one of torchrun's (RANK set) on the GPU of its LOCAL_RANK, over NCCL or gloo.
+    Used as a context (`with`), it leaves the process group at its end."""
     device = choose_device(device_name)
     if device == "cpu":
         keep_freed_memory()
@@ -501,13 +515,3 @@ def start_processes(device_name):
     procs = Processes(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
     procs.say(f"{procs.world} process(es), DDP over {dist.get_backend()}")
     return procs
-
-
-def end_processes(finished):
-    """Leaves the process group, if there is one. finished: every process reached the end, and
-    waits there for the others first (gloo can abort a process whose peer is already gone)."""
-    if dist.is_initialized():
-        if finished:
-            with contextlib.suppress(RuntimeError):  # one gone after all (peer_lost): no one to wait for
-                dist.barrier()
-        dist.destroy_process_group()
