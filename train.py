@@ -189,11 +189,7 @@ def build(cfg, data, procs):
     """A new Run of cfg on procs.device, once the data holds more than a block, the switches go
     together and training fits in memory: the model, seeded, and its optimizer."""
     meta, splits = data
-    for split, tokens in splits.items():  # each a window of block_size, and its next token
-        if len(tokens) <= cfg.block_size:
-            raise UserError(f"the {split} split of {cfg.data_dir} has {len(tokens)} tokens, not "
-                            f"more than block_size {cfg.block_size}; lower --block_size or "
-                            "prepare a longer text")
+    files.check_block_size(splits, cfg.block_size, cfg.data_dir)
     mconf, dtype = model_config(cfg, meta["vocab_size"]), system.DTYPES[cfg.dtype]
     system.check_model_fits(mconf, cfg.batch_size, cfg.block_size, procs.device, dtype)
     torch.manual_seed(cfg.seed)
@@ -253,7 +249,7 @@ def train(run, stop):
                 group["lr"] = lr * group.get("lr_scale", 1.0)
             if progress >= run.next_eval:
                 with procs.fail_together():  # a full disk under rank 0's checkpoint ends them all
-                    evaluate(run, lr, progress, bar.write)
+                    evaluate(run, lr, progress)
             signum = agree(run, stop, loss, clock)
             if signum or progress >= 1 or 0 < cfg.patience <= run.bad_evals:
                 break
@@ -293,7 +289,7 @@ def agree(run, stop, loss, clock):
     return int(signum)
 
 
-def evaluate(run, lr, progress, write):
+def evaluate(run, lr, progress):
     """Estimates the losses (the same batches each time: a change is the model's) on every process,
     which all decide alike; rank 0 logs them and saves ckpt.pt, and best.pt when val improved. A
     stop signal ends it between two batches, and weights whose loss is not finite, unsaved. On a
@@ -321,8 +317,8 @@ def evaluate(run, lr, progress, write):
             record["peak_memory"] = torch.cuda.max_memory_allocated()
         files.append_record(run.cfg.out_dir, record, run.trackers)
         save_checkpoint(run, val, "ckpt.pt", "best.pt" if improved else None)
-        write(f"step {run.it}: train {losses['train']:.4f}, val {val:.4f} "
-              f"({record['val_bpc']:.3f} bits/token){' *' * improved}")
+        tqdm.write(f"step {run.it}: train {losses['train']:.4f}, val {val:.4f} "
+                   f"({record['val_bpc']:.3f} bits/token){' *' * improved}")
 
 
 def train_step(model, optimizer, scaler, autocast, cfg, x, y, batches):
