@@ -98,13 +98,12 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
         if idx.size(1) > reach:
             idx, valid = idx[:, -keep:], None if valid is None else valid[:, -keep:]
             cache = cache if slides else None
-        if cache is not None:  # only the newest token is not cached
-            with faster_cpu_kernels(positions=1):
-                logits, _ = model(idx[:, -1:], cache=cache, last_only=True)
-        else:
+        fresh = cache is None  # the whole window is read: the first step, after a jump, or with no cache
+        if fresh:
             cache = new_cache(model.config.n_layer, span) if use_cache and attends else None
-            with faster_cpu_kernels(positions=idx.size(1)):
-                logits, _ = model(idx, valid=valid, cache=cache, last_only=True)
+        fed = idx if fresh else idx[:, -1:]  # with a cache, only the newest token is not in it
+        with faster_cpu_kernels(positions=fed.size(1)):
+            logits, _ = model(fed, valid=valid if fresh else None, cache=cache, last_only=True)
         next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B, 1)
         idx = torch.cat([idx, next_token], dim=1)
         if valid is not None:
