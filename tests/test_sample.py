@@ -9,6 +9,7 @@ import model as lesson
 import prepare
 import sample
 import train
+from config import UserError
 from model import GPT, GPTConfig
 from tinygpt import decoding, prompts
 from tinygpt.decoding import KVCache, generate, sample_next, stream
@@ -174,6 +175,22 @@ def test_top_p_keeps_the_smallest_set_whose_probabilities_reach_p():
 
 def test_top_k_larger_than_the_vocabulary_keeps_every_token():
     assert (draws(LOGITS, n=20000, temperature=3.0, top_k=1000) > 0).all()
+
+
+def test_a_draw_is_the_one_torch_multinomial_makes_with_the_same_generator():
+    batch = LOGITS.expand(2000, -1)
+    ours = sample_next(batch, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    theirs = torch.multinomial(torch.softmax(batch, dim=-1), 1, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(ours, theirs) and len(set(ours.flatten().tolist())) == LOGITS.size(-1)
+
+
+@pytest.mark.parametrize("temperature", [0.8, 0.0])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_nan_or_inf_score_in_any_row_is_a_user_error(temperature, value):
+    batch = LOGITS.repeat(3, 1)
+    batch[1, 4] = value  # one score of one row, and not its largest
+    with pytest.raises(UserError, match="NaN or infinite"):
+        sample_next(batch, temperature=temperature)
 
 
 def test_lower_temperature_makes_the_likeliest_token_likelier():
