@@ -473,6 +473,9 @@ class Processes:
                 with contextlib.suppress(RuntimeError):  # one gone after all (peer_lost)
                     dist.barrier()
             dist.destroy_process_group()
+            # gloo's threads may still be letting go of the last collective's tensors, which takes Python's
+            # lock: were the interpreter ending by then, the process would abort (exit -6, "terminate called").
+            time.sleep(0.2)
 
     def wrap(self, model):
         """model under DDP when started by torchrun (even as one process), else model itself."""
