@@ -38,8 +38,8 @@ EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large
 # 31-47 GFLOP/s in fp32 on the models it chooses from, 2^35 to 2^35.5; one with avx512_bf16 about twice that). A rate
 # measured within a factor of 2^STANDS (1.4) of the rate its model was chosen for keeps the choice, else it is chosen
 # again at the measured rate's nearest power of two: a machine's timings vary 10-20% from one minute to the next, and
-# now and then 2x for a second (timed twice then). Within 2.8x, a 1-minute run here kept the first guess's batch at
-# half the one its measured rate gives, 1.4% worse (docs/own_text.md).
+# now and then 2x for a second (timed twice then). Within 2.8x, a 1-minute run on a 2-core Xeon with avx512_bf16 kept
+# the first guess's batch, half the one its measured rate gives: 1.4% worse (docs/own_text.md).
 FIRST_GUESS_FLOPS = {"float32": 2**35.5, "bfloat16": 2**36, "float16": 2**36}
 TIMINGS = 3  # the most models the sizing times
 SIZING_SHARE = 0.25  # of a budget, start-up included: past it the sizing times nothing more (a busy machine)
