@@ -20,8 +20,14 @@ import typing
 
 BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 AUTO = "auto"  # the value of a setting the script chooses itself
-BOUNDS = {"low": (operator.ge, "at least"), "above": (operator.gt, "more than"), "high": (operator.le, "at most"),
-          "below": (operator.lt, "less than")}
+# The plain kinds: the types a TOML value of each may have (True is no int; an int is a fine float),
+# and how a command-line word is read as one.
+TYPES = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
+READ = {int: int, float: float, str: str, bool: lambda word: BOOL_WORDS[word.lower()]}
+# option()'s bounds, each a test of (bound, value), and their words in --help and errors
+TESTS = {"low": operator.le, "above": operator.lt, "high": operator.ge, "below": operator.gt,
+         "choices": operator.contains}
+WORDS = {"low": "at least", "above": "more than", "high": "at most", "below": "less than"}
 
 
 class UserError(Exception):
@@ -51,27 +57,27 @@ def load_config(cls, argv, prog="", description="", rest=None, base=None):
     values, given, args = {}, {}, list(argv)
     while args:
         arg = args.pop(0)
-        if arg in ("-h", "--help"):
-            print(help_text(cls, prog, description))
-            raise SystemExit(0)
-        if not arg.startswith("--"):
-            for name, value in read_toml(arg).items():
-                values[name] = convert(fields, hints, name, value, arg)
-            continue
-        name, has_value, value = arg[2:].partition("=")
-        name = name.replace("-", "_")
-        if rest is not None and name not in hints:
-            rest += [arg] + ([args.pop(0)] if not has_value and args and not args[0].startswith("--") else [])
-            continue
-        if not has_value:
-            if unwrap(hints.get(name))[0] is bool:
-                value = args.pop(0) if args and args[0].lower() in BOOL_WORDS else "true"
-            elif args:
-                value = args.pop(0)
-            elif name in hints:
-                raise UserError(f"command line: --{name} needs a value, e.g. --{name}=VALUE")
-        value = convert(fields, hints, name, value, "command line", from_text=True)
-        given[name] = given.get(name, []) + value if isinstance(value, list) else value
+        if not arg.startswith("--") and arg != "-h":  # a preset
+            values |= {k: convert(fields, hints, k, v, arg) for k, v in read_toml(arg).items()}
+        else:
+            name, has_value, value = arg[2:].partition("=")
+            # the other forms: -h, --help, --key value, a bare --flag, --dashed-key, a key cls lacks
+            if not has_value or name not in hints:
+                if arg in ("-h", "--help"):
+                    print(help_text(cls, prog, description))
+                    raise SystemExit(0)
+                name = name.replace("-", "_")
+                if rest is not None and name not in hints:  # the caller's, with its value
+                    taken = not has_value and args and not args[0].startswith("--")
+                    rest += [arg, args.pop(0)] if taken else [arg]
+                    continue
+                if not has_value and unwrap(hints.get(name))[0] is bool:  # --flag, or --flag off
+                    value = args.pop(0) if args and args[0].lower() in BOOL_WORDS else "true"
+                elif not has_value and args:
+                    value = args.pop(0)
+                elif not has_value and name in hints:
+                    raise UserError(f"command line: --{name} needs a value, e.g. --{name}=VALUE")
+            given[name] = convert(fields, hints, name, value, "command line", given)
     return cls(**(values | {k: v for k, v in (base or {}).items() if k in fields} | given))
 
 
@@ -87,39 +93,47 @@ def type_name(tp):
     return ("list of str" if typing.get_origin(base) is list else base.__name__) + (" or none" if optional else "")
 
 
-def convert(fields, hints, name, value, source, from_text=False):
-    """value for field `name`, checked: a TOML value as it is typed, or (from_text) a command-line string
-    read as the field's type; then its range or choices. A UserError names the key, what it must be, and
-    where the value came from."""
-    if name not in hints:
-        close = difflib.get_close_matches(name, list(hints), n=1)
-        hint = f"; did you mean {close[0]}?" if close else "; see --help for the known keys"
-        raise UserError(f"{source}: unknown key {name!r}{hint}")
-    if value == AUTO and fields[name].default == AUTO:
+def convert(fields, hints, name, value, source, given=None):
+    """value for field `name`, checked: a TOML value as it is typed, or a command-line word read as
+    the field's type (given: the command line's values so far, which a list's words add to); then
+    its range or choices. A UserError names the key, what it must be, and where the value came from."""
+    # the rarer kinds: an unknown key, a list, or a value that may be none (its type then read below)
+    if (kind := hints.get(name)) not in TYPES:
+        if kind is None:
+            close = difflib.get_close_matches(name, list(hints), n=1)
+            hint = f"; did you mean {close[0]}?" if close else "; see --help for the known keys"
+            raise UserError(f"{source}: unknown key {name!r}{hint}")
+        kind, optional = unwrap(kind)
+        if optional and isinstance(value, str) and value.lower() in ("none", "null", ""):  # TOML has no null
+            return None
+        if typing.get_origin(kind) is list:  # TOML's list, or one word; each item checked as a str
+            value = value if isinstance(value, list) else [value]
+            if not all(isinstance(item, str) for item in value):
+                raise wrong_type(source, name, hints[name], value)
+            items = [convert(fields, hints | {name: str}, name, item, source) for item in value]
+            return items if given is None else given.get(name, []) + items
+    try:
+        value = value if given is None else READ[kind](value)
+    except (KeyError, ValueError):
+        pass  # the word as it is, which the check below refuses
+    # a setting whose default is auto takes "auto" too: refuse() looks for it where a check fails
+    if type(value) not in TYPES[kind] or kind is float and not math.isfinite(value) \
+            or not all(TESTS[k](bound, value) for k, bound in fields[name].metadata["allowed"].items()):
+        return refuse(fields[name], hints[name], value, source)
+    # as its kind: TOML's rate = 3 is 3.0
+    return kind(value)
+
+
+def refuse(field, hint, value, source):
+    """AUTO where that is the field's default; else the UserError saying what the field must be."""
+    if value == AUTO == field.default:
         return AUTO
-    base, optional = unwrap(hints[name])
-    if optional and isinstance(value, str) and value.lower() in ("none", "null", ""):  # TOML has no null
-        return None
-    if typing.get_origin(base) is list:
-        value, base = value if isinstance(value, list) else [value], list
-        if not all(isinstance(v, str) for v in value):
-            raise wrong_type(source, name, hints[name], value)
-    elif from_text and base is not str:
-        try:
-            value = BOOL_WORDS[value.lower()] if base is bool else base(value)
-        except (KeyError, ValueError):
-            raise wrong_type(source, name, hints[name], value) from None
-    # A bool only where one is wanted (True is an int too); an int is a fine float: rate = 3 in TOML.
-    if isinstance(value, bool) != (base is bool) or not isinstance(value, (int, float) if base is float else base):
-        raise wrong_type(source, name, hints[name], value)
-    if base is float and not math.isfinite(value):
-        raise UserError(f"{source}: {name} must be a finite number, got {value}")
-    allowed = fields[name].metadata.get("allowed", {})
-    for item in value if base is list else [value]:
-        if not all(test(item, allowed[k]) for k, (test, _) in BOUNDS.items() if k in allowed) \
-                or item not in allowed.get("choices", [item]):
-            raise UserError(f"{source}: {name} must be {rule(allowed)}, got {item!r}")
-    return float(value) if base is float else value
+    kind = unwrap(hint)[0]
+    if type(value) not in TYPES[kind]:
+        raise wrong_type(source, field.name, hint, value)
+    if kind is float and not math.isfinite(value):
+        raise UserError(f"{source}: {field.name} must be a finite number, got {value}")
+    raise UserError(f"{source}: {field.name} must be {rule(field.metadata['allowed'])}, got {value!r}")
 
 
 def wrong_type(source, name, hint, value):
@@ -134,7 +148,7 @@ def rule(allowed):
     if "choices" in allowed:
         choices = [str(c) for c in allowed["choices"]]
         return "one of " + ", ".join(choices) if len(choices) > 2 else " or ".join(choices)
-    return " and ".join(f"{words} {allowed[k]}" for k, (_, words) in BOUNDS.items() if k in allowed)
+    return " and ".join(f"{words} {allowed[k]}" for k, words in WORDS.items() if k in allowed)
 
 
 def read_toml(path):
