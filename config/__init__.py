@@ -112,28 +112,27 @@ def convert(fields, hints, name, value, source, given=None):
                 raise wrong_type(source, name, hints[name], value)
             items = [convert(fields, hints | {name: str}, name, item, source) for item in value]
             return items if given is None else given.get(name, []) + items
+    if value == AUTO == fields[name].default:  # a setting the script chooses
+        return AUTO
     try:
         value = value if given is None else READ[kind](value)
     except (KeyError, ValueError):
         pass  # the word as it is, which the check below refuses
-    # a setting whose default is auto takes "auto" too: refuse() looks for it where a check fails
     if type(value) not in TYPES[kind] or kind is float and not math.isfinite(value) \
             or not all(TESTS[k](bound, value) for k, bound in fields[name].metadata["allowed"].items()):
-        return refuse(fields[name], hints[name], value, source)
+        raise refusal(fields[name], hints[name], value, source)
     # as its kind: TOML's rate = 3 is 3.0
     return kind(value)
 
 
-def refuse(field, hint, value, source):
-    """AUTO where that is the field's default; else the UserError saying what the field must be."""
-    if value == AUTO == field.default:
-        return AUTO
+def refusal(field, hint, value, source):
+    """The UserError saying what the field must be: of its type, finite, within its bounds."""
     kind = unwrap(hint)[0]
     if type(value) not in TYPES[kind]:
-        raise wrong_type(source, field.name, hint, value)
+        return wrong_type(source, field.name, hint, value)
     if kind is float and not math.isfinite(value):
-        raise UserError(f"{source}: {field.name} must be a finite number, got {value}")
-    raise UserError(f"{source}: {field.name} must be {rule(field.metadata['allowed'])}, got {value!r}")
+        return UserError(f"{source}: {field.name} must be a finite number, got {value}")
+    return UserError(f"{source}: {field.name} must be {rule(field.metadata['allowed'])}, got {value!r}")
 
 
 def wrong_type(source, name, hint, value):
