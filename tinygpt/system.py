@@ -42,14 +42,11 @@ PEAK_FLOPS = [(r"H100.*PCIe", 756e12), (r"H100.*NVL", 835e12), (r"H100", 989e12)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NAMES = dict(zip(DTYPES.values(), DTYPES))  # dtype -> its name
 SMALLER = "make it smaller (--n_layer, --n_embd, --block_size, --batch_size)"  # a model that does not fit
+# SIGINT (Ctrl-C), SIGTERM, and SIGHUP (a closed terminal) where the system has it (not Windows)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 def signal_name(signum):
     return signal.Signals(signum).name  # SIGTERM
-
-
-def stop_signals():
-    """SIGINT (Ctrl-C), SIGTERM, and SIGHUP (a closed terminal) where the system has it (not Windows)."""
-    return tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class Interrupted(KeyboardInterrupt):
@@ -65,7 +62,7 @@ def cli(main):
     128 + its number, and a closed stdout or stderr stops the printing, not the work (Guarded)."""
 
     def wrapper(argv=None):
-        previous = {s: signal.signal(s, raise_interrupted) for s in stop_signals()}
+        previous = {s: signal.signal(s, raise_interrupted) for s in STOP_SIGNALS}
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = map(Guarded, saved)
         try:
@@ -103,7 +100,7 @@ class Stop:
 
     def __enter__(self):
         self.signum, self.model = None, None
-        self.previous = {s: signal.signal(s, self.handle) for s in stop_signals()}
+        self.previous = {s: signal.signal(s, self.handle) for s in STOP_SIGNALS}
         return self
 
     def handle(self, signum, frame):
@@ -186,16 +183,6 @@ def _windows_process_alive(pid):
         kernel32.CloseHandle(handle)
 
 
-def memory_bytes():
-    """The machine's physical memory in bytes, or None where it cannot be read."""
-    if WINDOWS:
-        return _windows_memory_bytes()
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def _windows_memory_bytes():
     class MemoryStatus(ctypes.Structure):  # MEMORYSTATUSEX
         _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong), ("total", ctypes.c_ulonglong),
@@ -218,9 +205,8 @@ def process_age():
     """Seconds since this process started (a budget counts Python's start-up): from /proc, else since this import."""
     try:
         with open("/proc/self/stat", encoding="ascii") as stat, open("/proc/uptime", encoding="ascii") as uptime:
-            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: start time since boot
-            seconds_up = float(uptime.read().split()[0])
-        return max(0.0, seconds_up - started_ticks / os.sysconf("SC_CLK_TCK"))
+            started = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: in ticks since boot
+            return max(0.0, float(uptime.read().split()[0]) - started / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return time.time() - _IMPORTED
 
@@ -284,7 +270,10 @@ def memory_size(device):
         return torch.cuda.mem_get_info(torch.device(device))[0], f"{device}'s free memory"
     if device.startswith("mps"):
         return torch.mps.recommended_max_memory(), "the memory Metal lets mps use (shared with the CPU)"
-    size = memory_bytes()
+    try:
+        size = _windows_memory_bytes() if WINDOWS else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no os.sysconf, or no answer
+        size = None
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         with contextlib.suppress(OSError, ValueError, TypeError):  # "max"
             size = min(size, int(Path(limit_file).read_text(encoding="ascii")))
@@ -405,9 +394,10 @@ def peak_flops(device_type):
 
 def mfu(device_type, model, cfg, tokens_per_s):
     """Training model (cfg's shape) at tokens_per_s as a share of the GPU's bf16 peak; None without a peak."""
-    peak = peak_flops(device_type)
-    flops = train_flops_per_token(model.num_params(), cfg.n_layer, cfg.n_embd, cfg.block_size)
-    return peak and flops * tokens_per_s / peak
+    if peak := peak_flops(device_type):
+        flops = train_flops_per_token(model.num_params(), cfg.n_layer, cfg.n_embd, cfg.block_size)
+        return flops * tokens_per_s / peak
+    return None
 
 
 def train_flops_per_token(params, n_layer, n_embd, block_size):
