@@ -31,7 +31,8 @@ def check_path(path, option, directory=False):
     links, a file above it (or at it, where directory). Missing is fine. Called once, before the path is used: what
     fails later (no permission, a full disk) is said where it fails."""
     try:
-        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+        if not stat.S_ISDIR(os.stat(path).st_mode) and directory:  # stat first: it raises for what no file can be
+            raise UserError(f"{option}={path} is a file, not a directory; pick another {option}")
     except FileNotFoundError:
         return
     except (OSError, ValueError) as e:  # ValueError: a NUL character, which a TOML preset can hold
@@ -43,8 +44,6 @@ def check_path(path, option, directory=False):
                errno.ENOTDIR: f"is inside {above}, which is a file" if above else "is a file, not a directory",
                }.get(code, f"cannot be used ({getattr(e, 'strerror', None) or e})")
         raise UserError(f"{option}={shown} {why}; pick another {option}") from None
-    if directory and not is_dir:
-        raise UserError(f"{option}={path} is a file, not a directory; pick another {option}")
 
 
 def write_atomic(path, content):
@@ -53,33 +52,16 @@ def write_atomic(path, content):
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
-            try:
-                content(f) if callable(content) else f.write(content)
-            except RuntimeError as e:  # torch.save's, over the OSError that stopped it (ENOSPC, EIO, ...)
-                if isinstance(e.__context__, OSError):
-                    raise e.__context__ from None
-                raise
+            content(f) if callable(content) else f.write(content)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(e, RuntimeError) and isinstance(e.__context__, OSError):  # torch.save wraps ENOSPC, EIO, ...
+            raise e.__context__ from None
         raise
-
-
-def append_line(path, line):
-    """Appends line (a str without its newline) to path, whole: if the write fails part
-    way, the file is cut back to its size before, so no reader ever sees half a line."""
-    data = memoryview((line + "\n").encode("utf-8"))
-    with open(path, "ab", buffering=0) as f:  # unbuffered: nothing to write at close
-        size = f.seek(0, os.SEEK_END)
-        try:
-            while data:
-                data = data[f.write(data) :]  # a write may take only part
-        except BaseException:
-            f.truncate(size)  # cutting back needs no space, so it works on a full disk too
-            raise
 
 
 def load_tensors(path, what, damaged, unsafe, device="cpu"):
@@ -269,8 +251,7 @@ def read_meta(data_dir):
         raise UserError(f"{path} is not valid JSON; prepare the data again: {prepare_again(data_dir)}") from None
     except OSError as e:
         raise UserError(f"cannot read {path} ({e.strerror}); check its permissions") from None
-    problem = meta_problem(meta)
-    if problem:
+    if problem := meta_problem(meta):
         raise UserError(f"{path}: {problem}; prepare the data again: {prepare_again(data_dir)}")
     return meta
 
@@ -285,10 +266,8 @@ def open_split(data_dir, split, meta):
     if path.stat().st_size != expected * dtype.itemsize:
         raise UserError(f"{path} holds {path.stat().st_size} bytes but meta.json says {expected} {dtype.name} "
                         "tokens; run prepare.py again")
-    if expected == 0:
-        return np.zeros(0, dtype=dtype)  # an empty file cannot be memory-mapped
-    data = np.memmap(path, dtype=dtype, mode="r")
-    if data.max() >= meta["vocab_size"]:
+    data = np.memmap(path, dtype=dtype, mode="r") if expected else np.zeros(0, dtype)  # mmap refuses an empty file
+    if data.max(initial=0) >= meta["vocab_size"]:
         raise UserError(f"{path} holds token id {data.max()}, but meta.json's vocab_size is {meta['vocab_size']}; "
                         "run prepare.py again")
     return data
@@ -349,11 +328,20 @@ class RunLock:
 
 
 def append_record(out_dir, record, trackers=None):
-    """Adds one record to out_dir/log.jsonl, whole, then gives it to the run's trackers (Trackers, below); a
-    failed write (a full disk) is a UserError."""
+    """Adds one record to out_dir/log.jsonl as a line, whole: a write that fails part way is cut back, so no reader
+    ever sees half a line. Then gives it to the run's trackers (Trackers, below). A failed write (a full disk) is a
+    UserError."""
     path = Path(out_dir) / "log.jsonl"
+    data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
     try:
-        append_line(path, json.dumps(record))
+        with open(path, "ab", buffering=0) as f:  # unbuffered: nothing to write at close
+            size = f.seek(0, os.SEEK_END)
+            try:
+                while data:
+                    data = data[f.write(data) :]  # a write may take only part
+            except BaseException:
+                f.truncate(size)  # cutting back needs no space, so it works on a full disk too
+                raise
     except OSError as e:
         kept = "the last checkpoint is kept" if (Path(out_dir) / "ckpt.pt").exists() else "nothing was saved"
         raise UserError(f"{write_error(path, e)}; {kept} and the log is whole: free some space and continue "
