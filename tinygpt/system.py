@@ -42,8 +42,8 @@ PEAK_FLOPS = [(r"H100.*PCIe", 756e12), (r"H100.*NVL", 835e12), (r"H100", 989e12)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NAMES = dict(zip(DTYPES.values(), DTYPES))  # dtype -> its name
 SMALLER = "make it smaller (--n_layer, --n_embd, --block_size, --batch_size)"  # a model that does not fit
-# SIGINT (Ctrl-C), SIGTERM, and SIGHUP (a closed terminal) where the system has it (not Windows)
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+# Ctrl-C, SIGTERM, and SIGHUP (a closed terminal) where the system has it (not Windows)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
 
 def signal_name(signum):
     return signal.Signals(signum).name  # SIGTERM
