@@ -196,6 +196,24 @@ def test_the_same_machine_chooses_the_same_run_however_its_timings_wander():
     assert len(choices) == 1
 
 
+def test_a_choice_made_again_stands_where_its_own_rate_lands_a_little_past_the_rounding_edge():
+    """A 2-core Zen 5 in bf16, 1 minute: the first model timed runs at 2^37.1, twice the guess, so the run is
+    chosen again at 2^37; that choice runs at 2^37.55, past 2^37.5, where rounding alone would choose a third
+    model. It stands: the same machine, timed a little faster or slower, makes the same choice."""
+    sizes, seconds, keys = (1_000_000, 100_000, 65), 60.0, ("n_layer", "n_embd", "block_size", "batch_size")
+    timed = []
+
+    def measure(cfg):
+        timed.append(cfg)
+        flops = budget.model_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, 65)
+        return cfg.batch_size * cfg.block_size * flops / 2 ** (37.1 if cfg == timed[0] else 37.55)
+
+    chosen, _, _ = budget.size_run(train.TrainConfig(max_time="1m", dtype="bfloat16"), sizes, measure, seconds)
+    rule, _ = budget.choose_run(*sizes, 2**37, budget.USABLE * (1 - budget.EVAL_SHARE) * seconds)
+    assert [chosen[k] for k in keys] == [rule[k] for k in keys]
+    assert len({tuple(getattr(c, k) for k in keys) for c in timed}) == 2  # the guess's model, then this one
+
+
 @pytest.mark.parametrize("age", [57.1, 10.0, 9.8])  # start-up outlasted the budget, or nearly (97% of it is usable)
 def test_a_budget_whose_start_up_outlasts_it_is_one_line_not_a_traceback(data_dir, tmp_path, monkeypatch, capsys,
                                                                           age):

@@ -36,14 +36,16 @@ USABLE = 0.97  # of a budget, for the steps and evaluations: the rest for the la
 EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large to read whole, whatever the batch
 # The rate the first model timed is chosen for, by the dtype it trains in: two CPU cores' (a 2-core Zen 3 measured
 # 31-47 GFLOP/s in fp32 on the models it chooses from, 2^35 to 2^35.5; one with avx512_bf16 about twice that). A rate
-# measured within a factor of 2^STANDS (1.4) of the rate its model was chosen for keeps the choice, else it is chosen
-# again at the measured rate's nearest power of two: a machine's timings vary 10-20% from one minute to the next, and
-# now and then 2x for a second (timed twice then). Within 2.8x, a 1-minute run on a 2-core Xeon with avx512_bf16 kept
-# the first guess's batch, half the one its measured rate gives: 1.4% worse (docs/own_text.md).
+# measured more than 2^STANDS (1.7x) off the rate its model was chosen for is chosen again at the measured rate's
+# nearest power of two: a machine's timings vary 10-20% from one minute to the next, and now and then 2x for a second
+# (timed twice then). STANDS is wider than that rounding (2^0.5) so that a choice made again stands where its own
+# rate lands a little past the rounding's edge: at 0.5, a 2-core Zen 5 whose 1-minute choice ran at 2^37.55 chose two
+# models in five previews. Within 2.8x, a 1-minute run on a 2-core Xeon with avx512_bf16 kept the first guess's batch,
+# half the one its measured rate gives: 1.4% worse (docs/own_text.md).
 FIRST_GUESS_FLOPS = {"float32": 2**35.5, "bfloat16": 2**36, "float16": 2**36}
 TIMINGS = 3  # the most models the sizing times
 SIZING_SHARE = 0.25  # of a budget, start-up included: past it the sizing times nothing more (a busy machine)
-STANDS = 0.5
+STANDS = 0.75
 
 
 def parse_duration(text):
