@@ -214,6 +214,21 @@ def test_a_choice_made_again_stands_where_its_own_rate_lands_a_little_past_the_r
     assert len({tuple(getattr(c, k) for k in keys) for c in timed}) == 2  # the guess's model, then this one
 
 
+def test_the_first_guess_stands_only_where_the_rate_measured_rounds_to_it():
+    """The guess is no measurement: a first model that runs at 2^36.7, 1.6x the bf16 guess, is chosen again at
+    2^37, though a choice made from a measurement would stand there."""
+    sizes, seconds, keys = (1_000_000, 100_000, 65), 60.0, ("n_layer", "n_embd", "block_size", "batch_size")
+
+    def measure(cfg):
+        flops = budget.model_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, 65)
+        return cfg.batch_size * cfg.block_size * flops / 2**36.7
+
+    assert budget.FIRST_GUESS_FLOPS["bfloat16"] == 2**36 and 0.7 < budget.STANDS
+    chosen, _, _ = budget.size_run(train.TrainConfig(max_time="1m", dtype="bfloat16"), sizes, measure, seconds)
+    rule, _ = budget.choose_run(*sizes, 2**37, budget.USABLE * (1 - budget.EVAL_SHARE) * seconds)
+    assert [chosen[k] for k in keys] == [rule[k] for k in keys]
+
+
 @pytest.mark.parametrize("age", [57.1, 10.0, 9.8])  # start-up outlasted the budget, or nearly (97% of it is usable)
 def test_a_budget_whose_start_up_outlasts_it_is_one_line_not_a_traceback(data_dir, tmp_path, monkeypatch, capsys,
                                                                           age):

@@ -40,8 +40,9 @@ EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large
 # nearest power of two: a machine's timings vary 10-20% from one minute to the next, and now and then 2x for a second
 # (timed twice then). STANDS is wider than that rounding (2^0.5) so that a choice made again stands where its own
 # rate lands a little past the rounding's edge: at 0.5, a 2-core Zen 5 whose 1-minute choice ran at 2^37.55 chose two
-# models in five previews. Within 2.8x, a 1-minute run on a 2-core Xeon with avx512_bf16 kept the first guess's batch,
-# half the one its measured rate gives: 1.4% worse (docs/own_text.md).
+# models in five previews. The first guess, which nothing measured, stands only within the rounding: kept within
+# 2.8x, a 1-minute run on a 2-core Xeon with avx512_bf16 kept its batch, half the one its measured rate gives: 1.4%
+# worse (docs/own_text.md).
 FIRST_GUESS_FLOPS = {"float32": 2**35.5, "bfloat16": 2**36, "float16": 2**36}
 TIMINGS = 3  # the most models the sizing times
 SIZING_SHARE = 0.25  # of a budget, start-up included: past it the sizing times nothing more (a busy machine)
@@ -197,12 +198,13 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
         if trial in tried or not left:
             break  # it came back, or no more timings: chosen at the rate measured last
         tried, step_s, left = [*tried, trial], measure(trial), left - 1
+        stands = STANDS if len(tried) > 1 else 0.5  # the guess stands only where the rate measured rounds to it
         if late():
             left = 0
-        elif abs(math.log2(step_flops / step_s) - math.log2(rate)) > STANDS:  # far off: once more, the faster
+        elif abs(math.log2(step_flops / step_s) - math.log2(rate)) > stands:  # far off: once more, the faster
             step_s = min(step_s, measure(trial))
         measured = math.log2(step_flops / step_s)
-        if abs(measured - math.log2(rate)) <= STANDS:
+        if abs(measured - math.log2(rate)) <= stands:
             break  # it stands
         rate = 2 ** round(measured)
     chosen = {k: getattr(trial, k) for k in SIZED if k not in given}
