@@ -180,8 +180,8 @@ def follow(cfg, sizes, per_token=None, seconds=None, world=1):
 def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
     """({setting: value} for what cfg leaves auto of SIZED, a reason, the forward pass's seconds per token): choose_run
     for a budget of seconds at a rate of FLOP/s, its model timed here, until the rate measured stands within STANDS of
-    the rate it was chosen for (the rate grows with the model and batch), or the choice comes back, or TIMINGS models
-    have been timed; else (timed twice, the faster taken: one slow timing moves nothing) it is chosen again at the
+    a measured rate it was chosen for, or rounds to the first guess (the rate grows with the model and batch), or the
+    choice comes back, or TIMINGS models have been timed; else (timed twice, the faster taken: one slow timing moves nothing) it is chosen again at the
     measured rate, rounded to a power of two. A rate measured 10-20% off, as timings are, gives the same choice; so
     does a start-up a little longer or shorter. Once late() (a busy machine's start-up and timings have spent
     SIZING_SHARE of the budget), it is chosen at the rate measured last, timing nothing more."""
