@@ -181,10 +181,11 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
     """({setting: value} for what cfg leaves auto of SIZED, a reason, the forward pass's seconds per token): choose_run
     for a budget of seconds at a rate of FLOP/s, its model timed here, until the rate measured stands within STANDS of
     a measured rate it was chosen for, or rounds to the first guess (the rate grows with the model and batch), or the
-    choice comes back, or TIMINGS models have been timed; else (timed twice, the faster taken: one slow timing moves nothing) it is chosen again at the
-    measured rate, rounded to a power of two. A rate measured 10-20% off, as timings are, gives the same choice; so
-    does a start-up a little longer or shorter. Once late() (a busy machine's start-up and timings have spent
-    SIZING_SHARE of the budget), it is chosen at the rate measured last, timing nothing more."""
+    choice comes back, or TIMINGS models have been timed; else (timed twice, the faster taken: one slow timing moves
+    nothing) it is chosen again at the measured rate, rounded to a power of two. A rate measured 10-20% off, as
+    timings are, gives the same choice; so does a start-up a little longer or shorter. Once late() (a busy machine's
+    start-up and timings have spent SIZING_SHARE of the budget), it is chosen at the rate measured last, timing
+    nothing more."""
     given = {k: getattr(cfg, k) for k in SIZED if getattr(cfg, k) != AUTO}
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
     recipe = {k: v for k, v in (RECIPE | {"pos": "rope" if rope else "learned"}).items() if k not in given}
