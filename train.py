@@ -125,6 +125,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     autocast: object
+    eval_autocast: object
     model: torch.nn.Module = None
     it: int = 0
     best_val: float = math.inf
@@ -197,7 +198,9 @@ def build(cfg, data, procs):
     optimizer = make_optimizer(model, cfg, procs.device_type)
     scaler = torch.amp.GradScaler(procs.device_type, enabled=dtype == torch.float16)
     autocast = system.autocast(procs.device_type, dtype)
-    return Run(cfg, procs, meta, splits, model, optimizer, scaler, autocast)
+    # Evaluations on a CPU run in fp32: exact, as tinygpt.score scores a text.
+    exact = system.autocast(procs.device_type, torch.float32 if procs.device_type == "cpu" else dtype)
+    return Run(cfg, procs, meta, splits, model, optimizer, scaler, autocast, exact)
 
 
 def model_config(cfg, vocab_size):
@@ -210,13 +213,17 @@ def model_config(cfg, vocab_size):
 
 
 def measure(cfg, data, procs):
-    """Seconds per step of a new model of cfg here, rank 0's on every process: a few real steps,
-    timed, for the sizing to choose by."""
+    """(seconds per step, per forward pass of a batch as evaluations run it) of a new model of cfg
+    here, rank 0's on every process: a few of each, timed, for the sizing to choose by."""
     run = build(cfg, data, procs)
     batches = train_batches(run.splits["train"], cfg, procs.rank, 0, procs.device)
     x, y = next(batches)
     step = lambda: train_step(run.raw_model, run.optimizer, run.scaler, run.autocast, cfg, x, y, batches)  # noqa: E731
-    return procs.broadcast((budget.time_per_call(step, min_seconds=0.5),))[0]
+    step_s = budget.time_per_call(step, min_seconds=0.5)
+    run.raw_model.eval()
+    with torch.no_grad(), run.eval_autocast:  # as evaluations run
+        forward_s = budget.time_per_call(lambda: run.raw_model(x, y)[1].item(), min_seconds=0, warmup=1)
+    return procs.broadcast((step_s, forward_s))
 
 
 def saved(cfg, name="ckpt.pt"):
@@ -292,12 +299,10 @@ def agree(run, stop, loss, clock):
 def evaluate(run, lr, progress):
     """Estimates the losses (the same batches each time: a change is the model's) on every process,
     which all decide alike; rank 0 logs them and saves ckpt.pt, and best.pt when val improved. A
-    stop signal ends it between two batches, and weights whose loss is not finite, unsaved. On a
-    CPU it runs in fp32: exact."""
+    stop signal ends it between two batches, and weights whose loss is not finite, unsaved."""
     model = getattr(run.model, "module", run.model)  # never under DDP
-    autocast = contextlib.nullcontext() if run.procs.device_type == "cpu" else run.autocast
     try:
-        losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, autocast)
+        losses = estimate_loss(model, run.splits, run.cfg, run.procs.device, run.eval_autocast)
     except system.Stopped:
         return model.train()
     if run.seconds < math.inf:  # at the next tenth of a timed run's time

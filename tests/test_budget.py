@@ -123,12 +123,29 @@ def test_a_short_runs_evaluations_read_fewer_batches_to_take_a_small_share_of_it
     assert fewer[2] * batch_s - batch_s <= budget.EVAL_SHARE * 60 < fewer[2] * batch_s + batch_s  # a minute's
 
 
+def test_evaluations_are_sized_by_the_forward_pass_as_timed_in_the_precision_they_run_in():
+    """On a bf16 CPU evaluations run in fp32, a forward pass there as long as two thirds of a bf16 step rather than
+    a third: half as many batches keep them to EVAL_SHARE of the time."""
+    def filled(forward_share):
+        measure = lambda cfg: timing(cpu_step(cfg), forward_share)  # noqa: E731
+        return budget.fill_auto(train.TrainConfig(max_time="5m"), (1_000_000, 100_000, 65), measure)[0]
+
+    bf16, fp32 = filled(1 / 3), filled(2 / 3)
+    assert dataclasses.replace(fp32, eval_iters=bf16.eval_iters) == bf16  # the same run otherwise
+    assert 1 < fp32.eval_iters < bf16.eval_iters <= 2 * fp32.eval_iters
+
+
 def test_the_sizing_counts_only_the_seconds_its_steps_will_have(monkeypatch):
     counted = []
     real = budget.choose_run
     monkeypatch.setattr(budget, "choose_run", lambda *args: counted.append(args[4]) or real(*args))
-    budget.size_run(train.TrainConfig(max_time="1m"), (1_000_000, 100_000, 65), lambda c: 0.05, 60.0)
+    budget.size_run(train.TrainConfig(max_time="1m"), (1_000_000, 100_000, 65), lambda c: timing(0.05), 60.0)
     assert counted and counted == [pytest.approx(60.0 * budget.USABLE * (1 - budget.EVAL_SHARE))] * len(counted)
+
+
+def timing(step_s, forward_share=1 / 3):
+    """What train.measure returns: seconds per step, and per forward pass of the batch (a third of a step's FLOPs)."""
+    return step_s, forward_share * step_s
 
 
 def cpu_step(cfg):
@@ -143,7 +160,7 @@ def test_size_run_settles_where_the_rate_measured_for_a_choice_stands_by_that_ch
 
     def measure(cfg):
         measured.append(cfg)
-        return cpu_step(cfg) / speed
+        return timing(cpu_step(cfg) / speed)
 
     seconds = 300 / (budget.USABLE * (1 - budget.EVAL_SHARE))  # so that the rule sizes for 300 s of steps
     keys = ("n_layer", "n_embd", "block_size", "batch_size", "dropout")
@@ -156,7 +173,7 @@ def test_size_run_settles_where_the_rate_measured_for_a_choice_stands_by_that_ch
         rate = flops / 3 / per_token  # the rate the choice was made at
         again, _ = budget.choose_run(train_tokens, train_tokens // 9, 65, rate, 300)
         assert [again[k] for k in keys] == [getattr(cfg, k) for k in keys], train_tokens
-        measured_rate = cfg.batch_size * cfg.block_size * flops / measure(cfg)
+        measured_rate = cfg.batch_size * cfg.block_size * flops / measure(cfg)[0]
         assert abs(math.log2(measured_rate / rate)) <= budget.STANDS  # and it stood
         assert measured[-1] == dataclasses.replace(measured[-1], **chosen)  # the choice is the run timed last
         assert (chosen["optimizer"], chosen["pos"]) == ("muon", "rope")  # the fast recipe's
@@ -172,7 +189,7 @@ def test_a_run_in_fp32_is_first_sized_for_a_slower_machine_than_one_in_bf16():
 
         def measure(cfg, rate=rate):  # exactly the rate guessed
             flops = budget.model_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, 65)
-            return cfg.batch_size * cfg.block_size * flops / rate
+            return timing(cfg.batch_size * cfg.block_size * flops / rate)
 
         chosen[dtype], _, _ = budget.size_run(train.TrainConfig(max_time="1m", dtype=dtype), sizes, measure, seconds)
         rule, _ = budget.choose_run(*sizes, rate, budget.USABLE * (1 - budget.EVAL_SHARE) * seconds)
@@ -189,7 +206,7 @@ def test_the_same_machine_chooses_the_same_run_however_its_timings_wander():
         noise = 1 + 0.04 * math.sin(trial)  # within 4% of the quiet figure
 
         def measure(cfg, noise=noise):
-            return cpu_step(cfg) * noise
+            return timing(cpu_step(cfg) * noise)
 
         chosen, _, _ = budget.size_run(train.TrainConfig(max_time="5m"), (1_000_000, 100_000, 65), measure, 290.0)
         choices.add(tuple(sorted(chosen.items())))
@@ -206,7 +223,7 @@ def test_a_choice_made_again_stands_where_its_own_rate_lands_a_little_past_the_r
     def measure(cfg):
         timed.append(cfg)
         flops = budget.model_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, 65)
-        return cfg.batch_size * cfg.block_size * flops / 2 ** (37.1 if cfg == timed[0] else 37.55)
+        return timing(cfg.batch_size * cfg.block_size * flops / 2 ** (37.1 if cfg == timed[0] else 37.55))
 
     chosen, _, _ = budget.size_run(train.TrainConfig(max_time="1m", dtype="bfloat16"), sizes, measure, seconds)
     rule, _ = budget.choose_run(*sizes, 2**37, budget.USABLE * (1 - budget.EVAL_SHARE) * seconds)
@@ -221,7 +238,7 @@ def test_the_first_guess_stands_only_where_the_rate_measured_rounds_to_it():
 
     def measure(cfg):
         flops = budget.model_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, 65)
-        return cfg.batch_size * cfg.block_size * flops / 2**36.7
+        return timing(cfg.batch_size * cfg.block_size * flops / 2**36.7)
 
     assert budget.FIRST_GUESS_FLOPS["bfloat16"] == 2**36 and 0.7 < budget.STANDS
     chosen, _, _ = budget.size_run(train.TrainConfig(max_time="1m", dtype="bfloat16"), sizes, measure, seconds)
@@ -291,7 +308,7 @@ def test_a_text_read_often_enough_for_dropout_gets_at_least_min_steps_and_others
 
 def test_a_batch_given_counts_in_the_most_steps_a_text_can_give():
     cfg = dataclasses.replace(train.TrainConfig(max_time="10h"), batch_size=4)
-    chosen, _ = budget.fill_auto(cfg, (20_000, 2_000, 65), lambda c: 0.01)
+    chosen, _ = budget.fill_auto(cfg, (20_000, 2_000, 65), lambda c: timing(0.01))
     assert chosen.batch_size == 4
     assert chosen.max_iters == budget.most_steps(20_000, 4 * chosen.block_size)  # MAX_EPOCHS passes of batch 4
 
@@ -340,7 +357,7 @@ class FakeClock:
         def measure(cfg, data, procs):
             self.measured.append(cfg)
             self.now += 0.2
-            return 0.01
+            return timing(0.01)
 
         def train_step(*args, **kwargs):
             self.now += self.step_s
@@ -371,7 +388,7 @@ def test_a_sizing_that_has_spent_its_share_of_the_budget_times_nothing_more():
 
     def measure(cfg):
         timed.append(cfg)
-        return 20.0  # far off the first guess: on time, it would be timed again, and its successor too
+        return timing(20.0)  # far off the first guess: on time, it would be timed again, and its successor too
 
     cfg, sizes = train.TrainConfig(max_time="5m"), (1_000_000, 100_000, 65)
     budget.size_run(cfg, sizes, measure, 290.0)
@@ -386,7 +403,7 @@ def test_a_busy_machine_whose_timings_are_slow_still_gets_its_run_on_time(data_d
     def slow(cfg, data, procs):  # each timing 3 s of a 10 s budget: three of them would spend it
         clock.measured.append(cfg)
         clock.now += 3.0
-        return 0.01
+        return timing(0.01)
 
     monkeypatch.setattr(train, "measure", slow)
     assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=10s", "--patience=0"]) == 0

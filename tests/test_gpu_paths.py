@@ -77,7 +77,7 @@ def test_sizing_for_two_processes_counts_both():
     cfg = train.TrainConfig(max_time="1m")
 
     def sized(world):
-        chosen, _, _ = budget.size_run(cfg, (100_000, 10_000, 65), lambda c: 0.05, 60.0, world)
+        chosen, _, _ = budget.size_run(cfg, (100_000, 10_000, 65), lambda c: (0.05, 0.02), 60.0, world)
         chosen = dataclasses.replace(cfg, **chosen)
         return chosen, budget.most_steps(100_000, world * chosen.batch_size * chosen.block_size)
 

@@ -257,7 +257,7 @@ def test_sizing_probes_and_keeps_what_was_given_and_says_what_it_chose():
 
     def measure(cfg):
         probed.append(cfg)
-        return 0.01
+        return 0.01, 0.003
 
     cfg = train.TrainConfig(n_layer=1, n_embd=100, max_time="5m")
     chosen, said, _ = budget.size_run(cfg, (100_000, 10_000, 65), measure, 300)
@@ -274,7 +274,7 @@ def test_a_budget_that_the_sizing_outlasts_is_refused_before_anything_is_written
 
     def slow(cfg, data, procs):  # timing steps as slow as a busy machine or a 100k-token vocabulary makes them
         clock[0] += 20.0
-        return 0.5
+        return 0.5, 0.15
 
     monkeypatch.setattr(train, "measure", slow)
     monkeypatch.setattr(system, "process_age", lambda: clock[0])
@@ -294,12 +294,12 @@ def test_a_timing_far_off_the_rate_the_model_was_chosen_for_is_taken_again_befor
 
     def once_slow(cfg):  # 30 ms a step, about the first guess's rate for the model it chose, but once 20x slower
         probed.append(cfg)
-        return next(slow_once, 0.03)
+        return next(slow_once, 0.03), 0.01
 
     sized, _, _ = budget.size_run(train.TrainConfig(max_time="1m"), (1_000_000, 100_000, 65), once_slow, 60)
     assert len(probed) == 2 and probed[0] == probed[1]  # timed again: it stands
     assert (sized["n_layer"], sized["n_embd"]) == (probed[0].n_layer, probed[0].n_embd)
-    faster, probed = lambda cfg: probed.append(cfg) or 0.00001, []  # far faster each time: a GPU
+    faster, probed = lambda cfg: probed.append(cfg) or (1e-5, 3e-6), []  # far faster each time: a GPU
     sized, _, _ = budget.size_run(train.TrainConfig(max_time="1m"), (1_000_000, 100_000, 65), faster, 60)
     assert probed[0] == probed[1] != probed[-1] and sized["n_embd"] > probed[0].n_embd  # chosen again, larger
 

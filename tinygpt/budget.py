@@ -155,8 +155,9 @@ def eval_batches(cfg, val_tokens, per_token=None, seconds=None):
 def fill_auto(cfg, sizes, measure, world=1, clock=lambda: 0.0):
     """(cfg with every setting of CHOSEN left auto chosen, and max_time; a line saying which and why). sizes: (train
     tokens, val tokens, vocabulary); measure(cfg): the seconds per step of a new model of cfg on each of world
-    processes, rank 0's; clock(): rank 0's seconds since its process started. Sized for the whole budget, start-up
-    included: the same choice however long that took, but a start-up past SIZING_SHARE of it times nothing more."""
+    processes, and per forward pass of a batch as evaluations run it, rank 0's; clock(): rank 0's seconds since its
+    process started. Sized for the whole budget, start-up included: the same choice however long that took, but a
+    start-up past SIZING_SHARE of it times nothing more."""
     chose, reason, per_token = {"max_time": max_time(cfg)} if cfg.max_time == AUTO else {}, "", None
     cfg = dataclasses.replace(cfg, **chose)
     seconds = parse_duration(cfg.max_time) or parse_duration(DEFAULT_BUDGET)  # none: sized as for 5m
@@ -178,14 +179,14 @@ def follow(cfg, sizes, per_token=None, seconds=None, world=1):
 
 
 def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
-    """({setting: value} for what cfg leaves auto of SIZED, a reason, the forward pass's seconds per token): choose_run
-    for a budget of seconds at a rate of FLOP/s, its model timed here, until the rate measured stands within STANDS of
-    a measured rate it was chosen for, or rounds to the first guess (the rate grows with the model and batch), or the
-    choice comes back, or TIMINGS models have been timed; else (timed twice, the faster taken: one slow timing moves
-    nothing) it is chosen again at the measured rate, rounded to a power of two. A rate measured 10-20% off, as
-    timings are, gives the same choice; so does a start-up a little longer or shorter. Once late() (a busy machine's
-    start-up and timings have spent SIZING_SHARE of the budget), it is chosen at the rate measured last, timing
-    nothing more."""
+    """({setting: value} for what cfg leaves auto of SIZED, a reason, an evaluation's seconds per token): choose_run
+    for a budget of seconds at a rate of FLOP/s, its model timed here, until the rate measured stands within STANDS
+    of a measured rate it was chosen for, or rounds to the first guess (the rate grows with the model and batch), or
+    the choice comes back, or TIMINGS models have been timed; else (timed twice, the faster taken: one slow timing
+    moves nothing) it is chosen again at the measured rate, rounded to a power of two. A rate measured 10-20% off,
+    as timings are, gives the same choice; so does a start-up a little longer or shorter. Once late() (a busy
+    machine's start-up and timings have spent SIZING_SHARE of the budget), it is chosen at the rate measured last,
+    timing nothing more."""
     given = {k: getattr(cfg, k) for k in SIZED if getattr(cfg, k) != AUTO}
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
     recipe = {k: v for k, v in (RECIPE | {"pos": "rope" if rope else "learned"}).items() if k not in given}
@@ -198,19 +199,21 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
         step_flops = world * trial.batch_size * trial.grad_accum * trial.block_size * flops  # every process's
         if trial in tried or not left:
             break  # it came back, or no more timings: chosen at the rate measured last
-        tried, step_s, left = [*tried, trial], measure(trial), left - 1
+        (step_s, forward_s), tried, left = measure(trial), [*tried, trial], left - 1
         stands = STANDS if len(tried) > 1 else 0.5  # the guess stands only where the rate measured rounds to it
         if late():
             left = 0
         elif abs(math.log2(step_flops / step_s) - math.log2(rate)) > stands:  # far off: once more, the faster
-            step_s = min(step_s, measure(trial))
+            step_s = min(step_s, measure(trial)[0])
         measured = math.log2(step_flops / step_s)
         if abs(measured - math.log2(rate)) <= stands:
             break  # it stands
         rate = 2 ** round(measured)
     chosen = {k: getattr(trial, k) for k in SIZED if k not in given}
-    # A forward pass is a third of a step's FLOPs: its seconds per token at the rate the choice stands on.
-    return chosen, f" (sized for {cfg.max_time} on {sizes[0]:,} training tokens: {reason})", flops / 3 / rate
+    # An evaluation's forward pass takes forward_s / step_s of a step's time (a third of its FLOPs, but on a CPU
+    # in fp32): its seconds per token at the rate the choice stands on.
+    per_token = forward_s / step_s * flops / rate
+    return chosen, f" (sized for {cfg.max_time} on {sizes[0]:,} training tokens: {reason})", per_token
 
 
 def time_per_call(fn, min_seconds, min_calls=3, warmup=2):
