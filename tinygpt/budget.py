@@ -36,13 +36,16 @@ USABLE = 0.97  # of a budget, for the steps and evaluations: the rest for the la
 EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large to read whole, whatever the batch
 # The rate the first model timed is chosen for, by the dtype it trains in: two CPU cores' (a 2-core Zen 3 measured
 # 31-47 GFLOP/s in fp32 on the models it chooses from, 2^35 to 2^35.5; one with avx512_bf16 about twice that). A rate
-# measured more than 2^STANDS (1.7x) off the rate its model was chosen for is chosen again at the measured rate's
-# nearest power of two: a machine's timings vary 10-20% from one minute to the next, and now and then 2x for a second
-# (timed twice then). STANDS is wider than that rounding (2^0.5) so that a choice made again stands where its own
-# rate lands a little past the rounding's edge: at 0.5, a 2-core Zen 5 whose 1-minute choice ran at 2^37.55 chose two
-# models in five previews. The first guess, which nothing measured, stands only within the rounding: kept within
-# 2.8x, a 1-minute run on a 2-core Xeon with avx512_bf16 kept its batch, half the one its measured rate gives: 1.4%
-# worse (docs/own_text.md).
+# measured more than 2^STANDS (1.7x) below the rate its model was chosen for, or rounding above it, is chosen again at
+# the measured rate's nearest power of two: a machine's timings vary 10-20% from one minute to the next, and now and
+# then 2x for a second (timed twice then). The rate grows with the model and batch, so a choice made again at the
+# rate above stands where its own rate lands a little below the rounding's edge (at 0.5, a 2-core Zen 5 whose
+# 1-minute choice ran at 2^37.55 chose two models in five previews); one whose own rate rounds above is smaller than
+# the machine feeds, and is chosen again, so that a first model timed on either side of an edge leads to the same
+# choice (a 2-core Zen 5 timed its 5-minute guess at 2^37.3 to 2^37.6: it chose 4 x 128 or 5 x 160, 1.4601 or
+# 1.4511). The first guess, which nothing measured, stands only within the rounding: kept within 2.8x, a 1-minute
+# run on a 2-core Xeon with avx512_bf16 kept its batch, half the one its measured rate gives: 1.4% worse
+# (docs/own_text.md).
 FIRST_GUESS_FLOPS = {"float32": 2**35.5, "bfloat16": 2**36, "float16": 2**36}
 TIMINGS = 3  # the most models the sizing times
 SIZING_SHARE = 0.25  # of a budget, start-up included: past it the sizing times nothing more (a busy machine)
@@ -180,13 +183,12 @@ def follow(cfg, sizes, per_token=None, seconds=None, world=1):
 
 def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
     """({setting: value} for what cfg leaves auto of SIZED, a reason, an evaluation's seconds per token): choose_run
-    for a budget of seconds at a rate of FLOP/s, its model timed here, until the rate measured stands within STANDS
-    of a measured rate it was chosen for, or rounds to the first guess (the rate grows with the model and batch), or
-    the choice comes back, or TIMINGS models have been timed; else (timed twice, the faster taken: one slow timing
-    moves nothing) it is chosen again at the measured rate, rounded to a power of two. A rate measured 10-20% off,
-    as timings are, gives the same choice; so does a start-up a little longer or shorter. Once late() (a busy
-    machine's start-up and timings have spent SIZING_SHARE of the budget), it is chosen at the rate measured last,
-    timing nothing more."""
+    for a budget of seconds at a rate of FLOP/s, its model timed here, until the rate measured stands (within STANDS
+    below a measured rate it was chosen for or rounding to it, or rounding to the first guess), or the choice comes
+    back, or TIMINGS models have been timed; else (timed twice, the faster taken: one slow timing moves nothing) it
+    is chosen again at the measured rate, rounded to a power of two. A rate measured 10-20% off, as timings are,
+    gives the same choice; so does a start-up a little longer or shorter. Once late() (a busy machine's start-up and
+    timings have spent SIZING_SHARE of the budget), it is chosen at the rate measured last, timing nothing more."""
     given = {k: getattr(cfg, k) for k in SIZED if getattr(cfg, k) != AUTO}
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
     recipe = {k: v for k, v in (RECIPE | {"pos": "rope" if rope else "learned"}).items() if k not in given}
@@ -200,15 +202,15 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
         if trial in tried or not left:
             break  # it came back, or no more timings: chosen at the rate measured last
         (step_s, forward_s), tried, left = measure(trial), [*tried, trial], left - 1
-        stands = STANDS if len(tried) > 1 else 0.5  # the guess stands only where the rate measured rounds to it
+        below = STANDS if len(tried) > 1 else 0.5  # the guess stands only where the rate measured rounds to it
+        stands = lambda s: -below <= math.log2(step_flops / s / rate) <= 0.5  # noqa: E731
         if late():
             left = 0
-        elif abs(math.log2(step_flops / step_s) - math.log2(rate)) > stands:  # far off: once more, the faster
+        elif not stands(step_s):  # off: once more, the faster
             step_s = min(step_s, measure(trial)[0])
-        measured = math.log2(step_flops / step_s)
-        if abs(measured - math.log2(rate)) <= stands:
-            break  # it stands
-        rate = 2 ** round(measured)
+        if stands(step_s):
+            break
+        rate = 2 ** round(math.log2(step_flops / step_s))
     chosen = {k: getattr(trial, k) for k in SIZED if k not in given}
     # An evaluation's forward pass takes forward_s / step_s of a step's time (a third of its FLOPs, but on a CPU
     # in fp32): its seconds per token at the rate the choice stands on.
