@@ -219,11 +219,10 @@ def measure(cfg, data, procs):
     batches = train_batches(run.splits["train"], cfg, procs.rank, 0, procs.device)
     x, y = next(batches)
     step = lambda: train_step(run.raw_model, run.optimizer, run.scaler, run.autocast, cfg, x, y, batches)  # noqa: E731
+    one = {"val": run.splits["val"]}, dataclasses.replace(cfg, eval_iters=1), procs.device, run.eval_autocast
+    evaluation = lambda: estimate_loss(run.raw_model, *one)  # noqa: E731  one batch, as evaluations run
     step_s = budget.time_per_call(step, min_seconds=0.5)
-    run.raw_model.eval()
-    with torch.no_grad(), run.eval_autocast:  # as evaluations run
-        forward_s = budget.time_per_call(lambda: run.raw_model(x, y)[1].item(), min_seconds=0, warmup=1)
-    return procs.broadcast((step_s, forward_s))
+    return procs.broadcast((step_s, budget.time_per_call(evaluation, min_seconds=0, warmup=1)))
 
 
 def saved(cfg, name="ckpt.pt"):
