@@ -34,19 +34,20 @@ EVALS = 10  # a timed run evaluates at its start and at each tenth of its time
 EVAL_SHARE = 0.03  # of a sized run's time, the most its evaluations take, each reading fewer batches to fit
 USABLE = 0.97  # of a budget, for the steps and evaluations: the rest for the last save and the exit
 EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large to read whole, whatever the batch
-# The rate the first model timed is chosen for, by the dtype it trains in: two CPU cores' (a 2-core Zen 3 measured
-# 31-47 GFLOP/s in fp32 on the models it chooses from, 2^35 to 2^35.5; one with avx512_bf16 about twice that). A rate
-# measured more than 2^STANDS (1.7x) below the rate its model was chosen for, or rounding above it, is chosen again at
-# the measured rate's nearest power of two: a machine's timings vary 10-20% from one minute to the next, and now and
-# then 2x for a second (timed twice then). The rate grows with the model and batch, so a choice made again at the
-# rate above stands where its own rate lands a little below the rounding's edge (at 0.5, a 2-core Zen 5 whose
-# 1-minute choice ran at 2^37.55 chose two models in five previews); one whose own rate rounds above is smaller than
-# the machine feeds, and is chosen again, so that a first model timed on either side of an edge leads to the same
-# choice (a 2-core Zen 5 timed its 5-minute guess at 2^37.3 to 2^37.6: it chose 4 x 128 or 5 x 160, 1.4601 or
-# 1.4511). The first guess, which nothing measured, stands only within the rounding: kept within 2.8x, a 1-minute
-# run on a 2-core Xeon with avx512_bf16 kept its batch, half the one its measured rate gives: 1.4% worse
-# (docs/own_text.md).
-FIRST_GUESS_FLOPS = {"float32": 2**35.5, "bfloat16": 2**36, "float16": 2**36}
+# The rate the first model timed is chosen for: two CPU cores' in fp32 (a 2-core Zen 3 runs the models it chooses
+# from at 2^35.3 to 2^36; a 2-core Zen 5 in bf16 at about 2^37.5). At 2^35.5 that Zen 3's 5-minute run chose 3 x 96,
+# whose own rate (2^35.7) stood, where 4 x 128 trains to a 1.2% lower loss (docs/own_text.md). A rate measured more
+# than 2^STANDS (1.7x) below the rate its model was chosen for, or rounding above it, is chosen again at the measured
+# rate's nearest power of two: a machine's timings vary 10-20% from one minute to the next, and now and then 2x for a
+# second (timed twice then). The rate grows with the model and batch, so a choice stands where its own rate lands a
+# little below the rounding's edge: the Zen 3's 1-minute choice at the guess (3 x 96, batch 16) runs at 2^35.5, and
+# chose 2 x 64 in one preview of five where it had to round to the guess. At 0.5, a 2-core Zen 5 whose 1-minute choice
+# ran at 2^37.55 chose two models in five previews. One whose own rate rounds above is smaller than the machine
+# feeds, and is chosen again, so that a first model timed on either side of an edge leads to the same choice (a
+# 2-core Zen 5 timed its 5-minute guess at 2^37.3 to 2^37.6: it chose 4 x 128 or 5 x 160, 1.4601 or 1.4511); kept up
+# to 2.8x above the guess, a 1-minute run on a 2-core Xeon with avx512_bf16 kept its batch, half the one its measured
+# rate gives: 1.4% worse (docs/own_text.md).
+FIRST_GUESS_FLOPS = 2**36
 TIMINGS = 3  # the most models the sizing times
 SIZING_SHARE = 0.25  # of a budget, start-up included: past it the sizing times nothing more (a busy machine)
 STANDS = 0.75
@@ -184,7 +185,7 @@ def follow(cfg, sizes, per_token=None, seconds=None, world=1):
 def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
     """({setting: value} for what cfg leaves auto of SIZED, a reason, an evaluation's seconds per token): choose_run
     for a budget of seconds at a rate of FLOP/s, its model timed here, until the rate measured stands (within STANDS
-    below a measured rate it was chosen for or rounding to it, or rounding to the first guess), or the choice comes
+    below the rate it was chosen for, the first guess's included, or rounding to it), or the choice comes
     back, or TIMINGS models have been timed; else (timed twice, the faster taken: one slow timing moves nothing) it
     is chosen again at the measured rate, rounded to a power of two. A rate measured 10-20% off, as timings are,
     gives the same choice; so does a start-up a little longer or shorter. Once late() (a busy machine's start-up and
@@ -192,7 +193,7 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
     given = {k: getattr(cfg, k) for k in SIZED if getattr(cfg, k) != AUTO}
     rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
     recipe = {k: v for k, v in (RECIPE | {"pos": "rope" if rope else "learned"}).items() if k not in given}
-    rate, tried, left = FIRST_GUESS_FLOPS.get(cfg.dtype, 2**36), [], TIMINGS
+    rate, tried, left = FIRST_GUESS_FLOPS, [], TIMINGS
     while True:
         settings, reason = choose_run(*sizes, rate, USABLE * (1 - EVAL_SHARE) * seconds, given)
         trial = dataclasses.replace(cfg, **settings, **recipe)
@@ -202,8 +203,7 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
         if trial in tried or not left:
             break  # it came back, or no more timings: chosen at the rate measured last
         (step_s, forward_s), tried, left = measure(trial), [*tried, trial], left - 1
-        below = STANDS if len(tried) > 1 else 0.5  # the guess stands only where the rate measured rounds to it
-        stands = lambda s: -below <= math.log2(step_flops / s / rate) <= 0.5  # noqa: E731
+        stands = lambda s: -STANDS <= math.log2(step_flops / s / rate) <= 0.5  # noqa: E731
         if late():
             left = 0
         elif not stands(step_s):  # off: once more, the faster
