@@ -196,8 +196,8 @@ def test_a_machine_timed_at_the_first_guess_keeps_the_rules_choice_there_in_eith
 
 def test_a_two_core_fp32_machine_chooses_the_larger_model_its_rate_feeds_at_5_minutes():
     """A 2-core Zen 3 in fp32, 5 minutes of Tiny Shakespeare: 3 x 96 at block 64 runs at 2^35.8 and 4 x 128 at
-    block 256 at 2^36. The guess is that machine's rate, 2^36, where the rule gives 4 x 128 (batch 8), which stands;
-    a guess below it (2^35.5) chose 3 x 96, whose own rate stood there, and trained to a 1.3% higher loss."""
+    block 256 at 2^36. At the guess, 2^35.75, the rule gives 4 x 128 (batch 8), which stands; a guess of 2^35.5
+    chose 3 x 96, whose own rate stood there, and trained to a 1.2% higher loss."""
     sizes, seconds = (1_003_854, 111_540, 65), 300.0
 
     def measure(cfg):
@@ -265,7 +265,7 @@ def test_a_first_model_timed_on_either_side_of_a_rounding_edge_leads_to_the_same
 
 
 def test_a_first_model_that_runs_faster_than_the_guess_rounds_to_is_chosen_again():
-    """A first model that runs at 2^36.7, 1.6x the guess, is chosen again at 2^37: it is smaller than the machine
+    """A first model that runs at 2^36.7, 1.9x the guess, is chosen again at 2^37: it is smaller than the machine
     feeds."""
     sizes, seconds, keys = (1_000_000, 100_000, 65), 60.0, ("n_layer", "n_embd", "block_size", "batch_size")
 
@@ -273,17 +273,17 @@ def test_a_first_model_that_runs_faster_than_the_guess_rounds_to_is_chosen_again
         flops = budget.model_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, 65)
         return timing(cfg.batch_size * cfg.block_size * flops / 2**36.7)
 
-    assert budget.FIRST_GUESS_FLOPS == 2**36 and 0.7 < budget.STANDS
+    assert budget.FIRST_GUESS_FLOPS == 2**35.75 and 0.7 < budget.STANDS
     chosen, _, _ = budget.size_run(train.TrainConfig(max_time="1m", dtype="bfloat16"), sizes, measure, seconds)
     rule, _ = budget.choose_run(*sizes, 2**37, budget.USABLE * (1 - budget.EVAL_SHARE) * seconds)
     assert [chosen[k] for k in keys] == [rule[k] for k in keys]
 
 
-@pytest.mark.parametrize("rate", [35.45, 35.55])
+@pytest.mark.parametrize("rate", [35.2, 35.4])
 def test_a_first_model_that_runs_a_little_slower_than_the_guess_stands(rate):
-    """A 2-core Zen 3 in fp32, 1 minute of Tiny Shakespeare: the guess's model (3 x 96, batch 16) runs at 2^35.45 to
-    2^35.55 from one preview to the next, either side of the guess's rounding edge. It stands either way: a rate
-    that rounded down to 2^35 would choose 2 x 64 in some previews and not in others."""
+    """A 2-core Zen 3 in fp32, 1 minute of Tiny Shakespeare: the guess's model (2 x 64, batch 48) runs at 2^35.2 to
+    2^35.4 from one preview to the next, up to 1.5x below the guess. It stands either way: a rate that rounded down
+    to 2^35 would choose a smaller batch in some previews and not in others."""
     sizes, seconds, keys = (1_003_854, 111_540, 65), 60.0, ("n_layer", "n_embd", "block_size", "batch_size")
     timed = []
 
@@ -293,7 +293,7 @@ def test_a_first_model_that_runs_a_little_slower_than_the_guess_stands(rate):
         return timing(cfg.batch_size * cfg.block_size * flops / 2**rate)
 
     chosen, _, _ = budget.size_run(train.TrainConfig(max_time="1m", dtype="float32"), sizes, measure, seconds)
-    assert [chosen[k] for k in keys] == [3, 96, 64, 16] and len({repr(c) for c in timed}) == 1
+    assert [chosen[k] for k in keys] == [2, 64, 64, 48] and len({repr(c) for c in timed}) == 1
 
 
 @pytest.mark.parametrize("age", [57.1, 10.0, 9.8])  # start-up outlasted the budget, or nearly (97% of it is usable)
