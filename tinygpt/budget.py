@@ -130,9 +130,10 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     most = 0.2 - 0.06 * math.log2(max(per_param, TOKENS_PER_PARAM) / TOKENS_PER_PARAM)
     dropout = given.get("dropout", round(max(0.0, min(0.1 * math.log2(epochs / 8), most)), 2))
     # Rounded to a multiple of 8: down where the text is read often enough for dropout, whose runs gain from more,
-    # noisier steps (the Cyrillic text: docs/own_text.md); else to the nearest.
-    to_8 = math.floor if dropout else round
-    batch = given.get("batch_size", max(1, MIN_BATCH_TOKENS // block, min(128, 8 * to_8(total / (block * steps) / 8))))
+    # noisier steps (the Cyrillic text: docs/own_text.md), but never down to none; else to the nearest.
+    eights = total / (block * steps) / 8
+    eights = math.floor(eights) if dropout and eights >= 1 else round(eights)
+    batch = given.get("batch_size", max(1, MIN_BATCH_TOKENS // block, min(128, 8 * eights)))
     settings.update(given, batch_size=batch, dropout=dropout)
     return settings, f"about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)"
 
