@@ -35,18 +35,10 @@ EVAL_SHARE = 0.03  # of a sized run's time, the most its evaluations take, each 
 USABLE = 0.97  # of a budget, for the steps and evaluations: the rest for the last save and the exit
 EVAL_TOKENS = 20 * 32 * 128  # tokens per loss estimate of a val split too large to read whole, whatever the batch
 # The rate the first model timed is chosen for: two CPU cores' in fp32, between the rates a 2-core Zen 3 runs its
-# 1- and 5-minute choices at (2 x 64 at 2^35.3 to 2^35.4, 4 x 128 at 2^36.0), so that both stand. At 2^35.5, its
-# 5-minute run chose 3 x 96, whose own rate (2^35.7) stood, where 4 x 128 trains to a 1.2% lower loss; at 2^36, its
-# 1-minute run chose 3 x 96, batch 16, which runs there at 2^35.5: 5% worse on the Cyrillic text (docs/own_text.md).
-# A rate measured more than 2^STANDS (1.7x) below the rate its model was chosen for, the guess included, or rounding
-# above it, is chosen again at the measured rate's nearest power of two: a machine's timings vary 10-20% from one
-# minute to the next, and now and then 2x for a second (timed twice then). The rate grows with the model and batch,
-# so a choice stands where its own rate lands a little below the rounding's edge (at 0.5, a 2-core Zen 5 whose
-# 1-minute choice ran at 2^37.55 chose two models in five previews). One whose own rate rounds above is smaller than
-# the machine feeds, and is chosen again, so that a first model timed on either side of an edge leads to the same
-# choice (a 2-core Zen 5 timed its 5-minute guess at 2^37.3 to 2^37.6: it chose 4 x 128 or 5 x 160, 1.4601 or
-# 1.4511); kept up to 2.8x above the guess, a 1-minute run on a 2-core Xeon with avx512_bf16 kept its batch, half
-# the one its measured rate gives: 1.4% worse (docs/own_text.md).
+# 1- and 5-minute choices at (2^35.3 to 2^36.0), so that both stand. A rate measured more than 2^STANDS (1.7x) below
+# the rate its model was chosen for, or rounding above it, is chosen again at the measured rate's nearest power of
+# two: timings vary 10-20% from minute to minute, and a choice whose own rate rounds above is smaller than the machine
+# feeds. Why these bounds, with the runs behind them: docs/own_text.md, "The rule".
 FIRST_GUESS_FLOPS = 2**35.75
 TIMINGS = 3  # the most models the sizing times
 SIZING_SHARE = 0.25  # of a budget, start-up included: past it the sizing times nothing more (a busy machine)
@@ -131,8 +123,8 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     dropout = given.get("dropout", round(max(0.0, min(0.1 * math.log2(epochs / 8), most)), 2))
     # Rounded to a multiple of 8: down where the text is read often enough for dropout, whose runs gain from more,
     # noisier steps (the Cyrillic text: docs/own_text.md), but never down to none; else to the nearest.
-    eights = total / (block * steps) / 8
-    eights = math.floor(eights) if dropout and eights >= 1 else round(eights)
+    wanted = total / (block * steps) / 8  # in multiples of 8 sequences
+    eights = math.floor(wanted) if dropout and wanted >= 1 else round(wanted)
     batch = given.get("batch_size", max(1, MIN_BATCH_TOKENS // block, min(128, 8 * eights)))
     settings.update(given, batch_size=batch, dropout=dropout)
     return settings, f"about {total / 1e6:.3g}M tokens of training ({epochs:.1f} passes over the text)"
