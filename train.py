@@ -182,7 +182,8 @@ def set_up(cfg, procs, lock, ckpt):
     procs.say(f"{run.raw_model.num_params():,} params, {tokens_per_step(cfg, procs):,} tokens/step "
               f"({cfg.batch_size} x {cfg.block_size} a micro-batch); {procs.device} {cfg.dtype}")
     if cfg.dry_run:
-        procs.say(f"to train it: {budget.repeat_command(cfg)}\ndry run: nothing trained or written")
+        procs.say(f"to train it: {budget.repeat_command(cfg, world=procs.world)}")
+        procs.say("dry run: nothing trained or written")
     return run
 
 
@@ -249,7 +250,8 @@ def train(run, stop):
     bar = tqdm(total=cfg.max_iters, initial=run.it, disable=not procs.master or None)
     with files.open_trackers(run) as run.trackers, bar:
         while True:
-            progress = min(1.0, max(run.it / max(1, cfg.max_iters), run.spent / run.seconds))
+            steps = run.it / cfg.max_iters if cfg.max_iters else 1.0  # --max_iters=0: an evaluation alone
+            progress = min(1.0, max(steps, run.spent / run.seconds))
             lr = get_lr(progress, cfg)
             for group in run.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
@@ -366,7 +368,8 @@ def finish(run, signum):
         if run.procs.master and signum:
             save_checkpoint(run, None, "ckpt.pt")
         if run.procs.master and not signum and run.seconds < math.inf:
-            run.procs.say(f"to train it again: {budget.save_repeat_command(run.cfg, run.it)}")
+            command = budget.save_repeat_command(run.cfg, run.it, run.procs.world)
+            run.procs.say(f"to train it again: {command}")
     if signum:
         run.procs.say(f"stopped by {system.signal_name(signum)} at iteration {run.it}; saved "
                       f"{saved(run.cfg)} (continue with --init_from=resume)")

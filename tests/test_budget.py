@@ -626,6 +626,15 @@ def test_the_repeat_command_trains_the_same_model_for_the_steps_the_timed_run_to
     assert all(again["train_config"][k] == timed["train_config"][k] for k in same)
 
 
+def test_the_repeat_command_of_a_run_under_torchrun_starts_as_many_processes():
+    cfg = dataclasses.replace(train.TrainConfig(), n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=16,
+                              max_time="30s", out_dir="out/x")
+    alone, together = (shlex.split(budget.repeat_command(cfg, 100, world)) for world in (1, 4))
+    assert alone[:2] == ["python", "train.py"] and "--max_iters=100" in alone
+    assert together[:4] == ["torchrun", "--standalone", "--nproc_per_node=4", "train.py"]
+    assert together[4:] == alone[2:]  # the same settings: the same tokens a step on as many processes
+
+
 # --- Early stopping and the best model -----------------------------------------------------------
 
 

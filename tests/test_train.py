@@ -45,6 +45,16 @@ def test_tiny_run_lowers_the_loss_and_writes_checkpoints(data_dir, tmp_path):
     assert best["val_loss"] == ckpt["best_val_loss"]
 
 
+def test_max_iters_0_evaluates_the_model_as_it_starts_and_trains_nothing(data_dir, tmp_path):
+    assert run_train(data_dir, tmp_path, "--max_iters=0", "--learning_rate=0.1") == 0
+    assert [r["iter"] for r in read_log(tmp_path)] == [0]  # one evaluation, no step logged
+    ckpt = files.load_checkpoint(tmp_path / "ckpt.pt")
+    assert ckpt["iter"] == 0 and ckpt["optimizer"]["state"] == {}  # the optimizer never stepped
+    torch.manual_seed(ckpt["train_config"]["seed"])
+    fresh = train.GPT(train.GPTConfig(**ckpt["model_config"]))
+    assert all(torch.equal(v, ckpt["model"][k]) for k, v in fresh.state_dict().items())  # the weights as built
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_resume_matches_uninterrupted_run(data_dir, tmp_path, stop_at, dropout):
     common = ["--max_iters=20", "--log_interval=1", f"--dropout={dropout}"]

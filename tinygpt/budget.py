@@ -227,20 +227,22 @@ def time_per_call(fn, min_seconds, min_calls=3, warmup=2):
 # --- The command that trains it again -----------------------------------------------------------
 
 
-def repeat_command(cfg, steps=None):
+def repeat_command(cfg, steps=None, world=1):
     """The command that trains cfg (a train.TrainConfig, nothing auto) again, into OUT_DIR_repeat: every setting
-    away from its default; for `steps`, step-based, those steps and evaluations at each tenth of them."""
+    away from its default; for `steps`, step-based, those steps and evaluations at each tenth of them; on world
+    processes, under torchrun (on one machine)."""
     if steps is not None:
         cfg = dataclasses.replace(cfg, max_iters=steps, max_time="none", eval_interval=max(1, steps // EVALS))
     default, skip = type(cfg)(), {"out_dir", "overwrite", "dry_run", "init_from"} - {cfg.init_from} | {"resume"}
     args = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in dataclasses.asdict(cfg).items()
             if k not in skip and v != getattr(default, k)]
-    return shlex.join(["python", "train.py", *args, f"--out_dir={cfg.out_dir}_repeat"])
+    launch = ["python"] if world == 1 else ["torchrun", "--standalone", f"--nproc_per_node={world}"]
+    return shlex.join([*launch, "train.py", *args, f"--out_dir={cfg.out_dir}_repeat"])
 
 
-def save_repeat_command(cfg, steps):
-    """repeat_command(cfg, steps), written to OUT_DIR/repeat.txt, and returned."""
-    path, command = Path(cfg.out_dir) / "repeat.txt", repeat_command(cfg, steps)
+def save_repeat_command(cfg, steps, world=1):
+    """repeat_command(cfg, steps, world), written to OUT_DIR/repeat.txt, and returned."""
+    path, command = Path(cfg.out_dir) / "repeat.txt", repeat_command(cfg, steps, world)
     try:
         write_atomic(path, (command + "\n").encode("utf-8"))
     except OSError as e:
