@@ -97,8 +97,17 @@ def test_the_rule_chooses_around_what_was_given():
     given = {"block_size": 256, "batch_size": 8, "n_embd": 96}
     settings, _ = budget.choose_run(1_000_000, 100_000, 65, 50 * GFLOPS, 300, given)
     assert {k: settings[k] for k in given} == given and 96 % settings["n_head"] == 0
-    five_heads, _ = budget.choose_run(1_000_000, 100_000, 65, 50 * GFLOPS, 300, {"n_head": 5})
-    assert five_heads["n_embd"] % 5 == 0
+    for heads in (5, 6):  # a width those heads divide, into heads of an even size: rotary positions need pairs
+        settings, _ = budget.choose_run(1_000_000, 100_000, 65, 50 * GFLOPS, 300, {"n_head": heads})
+        assert settings["n_embd"] % (2 * heads) == 0
+
+
+@pytest.mark.parametrize("given, pos", [("--n_head=6", "rope"), ("--n_head=5", "rope"), ("--n_embd=99", "learned")])
+def test_a_shape_partly_given_gets_positions_it_can_take(data_dir, tmp_path, clock, capsys, given, pos):
+    """Rotary positions turn pairs of a head's channels: a width given with heads of an odd size gets learned ones,
+    not an error about a setting nobody gave."""
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=60s", given, "--dry_run"]) == 0
+    assert f"pos={pos}," in capsys.readouterr().out
 
 
 def test_a_faster_device_gives_a_larger_model():

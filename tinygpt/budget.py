@@ -94,9 +94,9 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     flops_per_s, the training rate measured here, chosen around `given` (those of them already set)."""
     given, data_tokens = given or {}, MAX_EPOCHS * train_tokens  # what the text can usefully give
 
-    def shape(n_layer, n_embd):  # one of SHAPES, with what was given (a width that n_head divides)
-        heads_given = given.get("n_head", 1)
-        n_embd = given.get("n_embd", heads_given * max(1, round(n_embd / heads_given)))
+    def shape(n_layer, n_embd):  # one of SHAPES, with what was given (a width that n_head divides into even heads)
+        pairs = 2 * given.get("n_head", 1)
+        n_embd = given.get("n_embd", pairs * max(1, round(n_embd / pairs)))
         settings = shape_settings(given.get("n_layer", n_layer), n_embd)
         settings["block_size"] = given.get("block_size", min(settings["block_size"], val_tokens // 2))
         return settings
@@ -184,12 +184,14 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
     gives the same choice; so does a start-up a little longer or shorter. Once late() (a busy machine's start-up and
     timings have spent SIZING_SHARE of the budget), it is chosen at the rate measured last, timing nothing more."""
     given = {k: getattr(cfg, k) for k in SIZED if getattr(cfg, k) != AUTO}
-    rope = cfg.mixer == "multihead" and cfg.score == "dot"  # the recipe's rotary angles turn q·k's q and k
-    recipe = {k: v for k, v in (RECIPE | {"pos": "rope" if rope else "learned"}).items() if k not in given}
+    recipe = {k: v for k, v in RECIPE.items() if k not in given}
     rate, tried, left = FIRST_GUESS_FLOPS, [], TIMINGS
     while True:
         settings, reason = choose_run(*sizes, rate, USABLE * (1 - EVAL_SHARE) * seconds, given)
         trial = dataclasses.replace(cfg, **settings, **recipe)
+        rope = trial.mixer == "multihead" and trial.score == "dot" and trial.n_embd // trial.n_head % 2 == 0
+        if "pos" in recipe and not rope:  # rotary angles turn pairs of a head's q and k channels
+            trial = dataclasses.replace(trial, pos="learned")
         trial = dataclasses.replace(trial, **follow(trial, sizes, world=world))
         flops = model_flops_per_token(trial.n_layer, trial.n_embd, trial.block_size, sizes[2])
         step_flops = world * trial.batch_size * trial.grad_accum * trial.block_size * flops  # every process's
