@@ -91,14 +91,15 @@ def model_flops_per_token(n_layer, n_embd, block_size, vocab_size):
 
 def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given=None):
     """({setting: value}, a reason to print): the shape, context, batch and dropout for this data and budget at
-    flops_per_s, the training rate measured here, chosen around `given` (those of them already set)."""
+    flops_per_s, the training rate measured here, chosen around `given` (those of them already set, and a window)."""
     given, data_tokens = given or {}, MAX_EPOCHS * train_tokens  # what the text can usefully give
 
     def shape(n_layer, n_embd):  # one of SHAPES, with what was given (a width that n_head divides into even heads)
         pairs = 2 * given.get("n_head", 1)
         n_embd = given.get("n_embd", pairs * max(1, round(n_embd / pairs)))
         settings = shape_settings(given.get("n_layer", n_layer), n_embd)
-        settings["block_size"] = given.get("block_size", min(settings["block_size"], val_tokens // 2))
+        block = max(settings["block_size"], given.get("window", 0))  # a window given fits in the context
+        settings["block_size"] = given.get("block_size", min(block, val_tokens // 2))
         return settings
 
     def tokens(s, most=data_tokens):  # what the budget can train a model so shaped on
@@ -118,7 +119,7 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
     steps = MIN_STEPS * tokens(settings, math.inf) / total
     # Dropout: none up to 8 passes, 0.1 more each time they double, at most 0.2, and 0.06 less than that each
     # time the tokens per parameter double from the fewest the rule allows (a model with many still learns).
-    per_param = total / block_params(settings["n_layer"], settings["n_embd"])
+    per_param = total / max(1, block_params(settings["n_layer"], settings["n_embd"]))  # n_layer 0: none
     most = 0.2 - 0.06 * math.log2(max(per_param, TOKENS_PER_PARAM) / TOKENS_PER_PARAM)
     dropout = given.get("dropout", round(max(0.0, min(0.1 * math.log2(epochs / 8), most)), 2))
     # Rounded to a multiple of 8: down where the text is read often enough for dropout, whose runs gain from more,
@@ -183,7 +184,7 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
     is chosen again at the measured rate, rounded to a power of two. A rate measured 10-20% off, as timings are,
     gives the same choice; so does a start-up a little longer or shorter. Once late() (a busy machine's start-up and
     timings have spent SIZING_SHARE of the budget), it is chosen at the rate measured last, timing nothing more."""
-    given = {k: getattr(cfg, k) for k in SIZED if getattr(cfg, k) != AUTO}
+    given = {k: getattr(cfg, k) for k in (*SIZED, "window") if getattr(cfg, k) != AUTO}  # window: never auto
     recipe = {k: v for k, v in RECIPE.items() if k not in given}
     rate, tried, left = FIRST_GUESS_FLOPS, [], TIMINGS
     while True:
