@@ -127,6 +127,21 @@ def test_batched_greedy_output_equals_each_prompt_generated_alone(use_cache):
         assert torch.equal(batched[row], alone[0]), f"prompt {row}"
 
 
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_past_block_size_each_row_of_a_batch_goes_on_as_it_would_alone(pos, use_cache):
+    model = tiny_gpt(pos=pos)
+    if pos == "learned":  # positions that sway the next token, as trained ones do
+        torch.nn.init.normal_(model.wpe.weight, std=1.0)
+    prompts = [list(range(1, 11)), [7], [8, 9, 10]]
+    idx, valid = decoding.left_pad(prompts, "cpu")
+    new = 3 * BLOCK  # each row's window jumps (or slides) several times, each when its own tokens say
+    batched = generate(model, idx, new, temperature=0.0, valid=valid, use_cache=use_cache)[:, idx.size(1):]
+    for row, prompt in enumerate(prompts):
+        alone = generate(model, torch.tensor([prompt]), new, temperature=0.0, use_cache=use_cache)[:, len(prompt):]
+        assert torch.equal(batched[row], alone[0]), f"prompt {row}"
+
+
 def test_prompts_of_equal_length_need_no_padding_mask():
     idx, valid = decoding.left_pad([[1, 2], [3, 4]], "cpu")
     assert valid is None and idx.tolist() == [[1, 2], [3, 4]]

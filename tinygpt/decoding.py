@@ -87,7 +87,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
     a time, and without one the model reads the last n_layer * (span - 1) + 1 tokens, all the newest depends
     on when each query sees its span newest keys: both give the same tokens. With learned or sinusoidal
     positions every cached key is wrong once the window moves, so it jumps, dropping its oldest quarter,
-    with a cache or without. new_cache(n_layer, max_len) makes the caches."""
+    with a cache or without: each row of a batch when its own tokens pass block_size, as it would alone.
+    new_cache(n_layer, max_len) makes the caches."""
     block = model.config.block_size
     span = model.config.window or block  # the most keys a query sees
     slides = model.config.pos == "rope"
@@ -96,9 +97,10 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
     attends = model.config.mixer == "multihead"  # the rungs before keep no keys to cache
     idx, valid, cache = idx[:, -block:], None if valid is None else valid[:, -block:], None
     for _ in range(max_new_tokens):
-        if idx.size(1) > reach:
+        if idx.size(1) > reach and slides:
             idx, valid = idx[:, -keep:], None if valid is None else valid[:, -keep:]
-            cache = cache if slides else None
+        elif idx.size(1) > reach:  # rows (left-padded: the longest is idx's width) past block_size
+            idx, valid, cache = *jump(idx, valid, block, keep), None
         fresh = cache is None  # the whole window is read: the first step, after a jump, or with no cache
         if fresh:
             cache = new_cache(model.config.n_layer, span) if use_cache and attends else None
@@ -110,6 +112,17 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
         if valid is not None:
             valid = torch.cat([valid, torch.ones_like(next_token, dtype=torch.bool)], dim=1)
         yield next_token
+
+
+def jump(idx, valid, block, keep):
+    """(idx, valid) with each row longer than block cut to its newest keep tokens: the older ones become
+    padding, and columns that are padding in every row go."""
+    valid = torch.ones_like(idx, dtype=torch.bool) if valid is None else valid
+    real = valid.sum(dim=1, keepdim=True)  # (B, 1): each row's tokens
+    valid = valid & (valid.cumsum(dim=1) > torch.where(real > block, real - keep, 0))  # (B, T)
+    first = int(valid.any(dim=0).int().argmax())  # the first column where a row has a token
+    idx, valid = idx[:, first:], valid[:, first:]
+    return idx, None if valid.all() else valid
 
 
 @contextlib.contextmanager
