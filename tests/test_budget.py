@@ -638,6 +638,14 @@ def test_the_repeat_command_trains_the_same_model_for_the_steps_the_timed_run_to
     assert all(again["train_config"][k] == timed["train_config"][k] for k in same)
 
 
+def test_a_run_that_replaces_a_timed_one_leaves_no_repeat_command_of_it(data_dir, tmp_path, clock):
+    clock.step_s = 0.04  # a quarter of the steps
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_time=4s"]) == 0
+    assert (tmp_path / "repeat.txt").exists()
+    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--overwrite=true"]) == 0
+    assert not (tmp_path / "repeat.txt").exists()  # it trained another model: its command would mislead
+
+
 def test_the_repeat_command_of_a_run_under_torchrun_starts_as_many_processes():
     cfg = dataclasses.replace(train.TrainConfig(), n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=16,
                               max_time="30s", out_dir="out/x")
