@@ -2,6 +2,7 @@
 and ladder.py trains rungs and tabulates them."""
 
 import json
+import shutil
 import struct
 import sys
 
@@ -113,6 +114,13 @@ def test_attention_of_a_run_makes_a_png(plt, run, tmp_path):
     assert plot.main(["attention", f"--out_dir={run}", "--prompt=the cat sat", f"--out={out}"]) == 0
     width, height = png_size(out)
     assert 400 <= width <= 3000 and 300 <= height <= 3000
+
+
+def test_attention_with_no_run_named_draws_the_run_train_py_makes_with_none(plt, run, tmp_path, monkeypatch):
+    shutil.copytree(run, tmp_path / "out" / "shakespeare_char")  # where python train.py, given nothing, writes
+    monkeypatch.chdir(tmp_path)
+    assert plot.main(["attention", "--prompt=the cat sat", "--out=a.png"]) == 0
+    assert png_size(tmp_path / "a.png")[0] > 0
 
 
 def test_attention_grid_has_one_heatmap_per_layer_and_head(plt, run):

@@ -49,6 +49,14 @@ def test_the_val_split_scores_what_the_trainer_logged(run, data_dir, tmp_path, c
     assert logged["val_bpc"] < math.log2(meta["vocab_size"]) - 0.5  # better than a uniform guess: a model that learned
 
 
+def test_with_no_out_dir_it_scores_the_run_train_py_makes_with_none(run, tmp_path, monkeypatch, capsys):
+    shutil.copytree(run, tmp_path / "out" / "shakespeare_char")  # where python train.py, given nothing, writes
+    (tmp_path / "text.txt").write_text("the cat sat on the mat.\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    code, printed, _ = run_score(capsys, "--input=text.txt")
+    assert code == 0 and float(printed["bits per character"]) > 0
+
+
 def test_mean_loss_predicts_every_token_once_from_its_window():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16)).eval()

@@ -39,8 +39,8 @@ class LossesConfig:
 
 @dataclass
 class AttentionConfig:
-    out_dir: list[str] = option(["out"], "the run directories holding the checkpoints, drawn side by side; "
-                                         "also given without --out_dir=")
+    out_dir: list[str] = option(["out/shakespeare_char"], "the run directories holding the checkpoints, drawn "
+                                                          "side by side; also given without --out_dir=")
     checkpoint: str = option("", "which checkpoint in each run: best.pt (the lowest val loss) or ckpt.pt (the "
                              "latest); empty: best.pt when it exists")
     prompt: str = option("", "the text whose attention to draw, at most block_size tokens")

@@ -45,7 +45,7 @@ def mean_loss(model, ids, block_size, batch_size, device, autocast=None):
 @dataclass
 class ScoreConfig:
     input: str = option("", "the text file (UTF-8) to score")
-    out_dir: str = option("out", "the directory train.py wrote its checkpoints to")
+    out_dir: str = option("out/shakespeare_char", "the directory train.py wrote its checkpoints to")
     checkpoint: str = option("", "which checkpoint in out_dir: best.pt (the lowest val loss) or ckpt.pt (the latest); "
                              "empty: best.pt when it exists")
     init_from: str = option("resume", "resume (the checkpoint in out_dir), another directory train.py wrote, or "
