@@ -115,8 +115,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
 
 
 def jump(idx, valid, block, keep):
-    """(idx, valid) with each row longer than block cut to its newest keep tokens: the older ones become
-    padding, and columns that are padding in every row go."""
+    """(idx, valid) with each row longer than block cut to its newest keep tokens, the older made padding."""
     valid = torch.ones_like(idx, dtype=torch.bool) if valid is None else valid
     real = valid.sum(dim=1, keepdim=True)  # (B, 1): each row's tokens
     valid = valid & (valid.cumsum(dim=1) > torch.where(real > block, real - keep, 0))  # (B, T)

@@ -352,8 +352,7 @@ def append_record(out_dir, record, trackers=None):
 
 def start_log(out_dir, start_iter):
     """Cuts log.jsonl back to start_iter's records (to nothing for a new run), so a resumed run's log reads like
-    an uninterrupted one; a last line that a kill cut short is dropped. An earlier run's repeat.txt goes: a timed
-    run writes its own at its end."""
+    an uninterrupted one; a last line that a kill cut short is dropped; an earlier run's repeat.txt goes."""
     path, kept = Path(out_dir) / "log.jsonl", []
     if start_iter and path.exists():
         lines = path.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n")
