@@ -177,8 +177,8 @@ def set_up(cfg, procs, lock, ckpt):
             procs.say(f"resuming {saved(cfg)} at iteration {run.it}")
         if procs.master and not cfg.dry_run:
             files.start_log(cfg.out_dir, run.it)
-    compiled = cfg.compile and system.maybe_compile(run.raw_model, procs.device_type)
-    run.model = procs.wrap(compiled or run.raw_model)
+    compiled = system.maybe_compile(run.raw_model, procs.device_type) if cfg.compile else run.raw_model
+    run.model = procs.wrap(compiled)
     procs.say(f"{run.raw_model.num_params():,} params, {tokens_per_step(cfg, procs):,} tokens/step "
               f"({cfg.batch_size} x {cfg.block_size} a micro-batch); {procs.device} {cfg.dtype}")
     if cfg.dry_run:

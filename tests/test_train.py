@@ -201,6 +201,19 @@ def test_resume_with_another_model_shape_says_what_differs(data_dir, tmp_path, c
     assert "{" not in line
 
 
+def test_a_compiled_run_trains_as_an_eager_one(data_dir, tmp_path, monkeypatch):
+    compiled, real = [], torch.compile
+    eager_backend = lambda model: compiled.append(model) or real(model, backend="eager")  # noqa: E731
+    monkeypatch.setattr(system, "compiler_missing", lambda device_type: None)  # no C compiler needed
+    monkeypatch.setattr(system.torch, "compile", eager_backend)
+    assert run_train(data_dir, tmp_path / "compiled", "--max_iters=4", "--eval_interval=2", "--compile=true") == 0
+    monkeypatch.undo()
+    assert run_train(data_dir, tmp_path / "eager", "--max_iters=4", "--eval_interval=2") == 0
+    assert len(compiled) == 1
+    losses = [[r["val_loss"] for r in read_log(tmp_path / d) if "val_loss" in r] for d in ("compiled", "eager")]
+    assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
 def test_resuming_a_run_that_has_taken_all_its_steps_says_how_to_go_on(data_dir, tmp_path, capsys):
     assert run_train(data_dir, tmp_path, "--max_iters=4", "--eval_interval=2") == 0
     before = (tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()
