@@ -197,8 +197,30 @@ def test_resume_with_another_model_shape_says_what_differs(data_dir, tmp_path, c
     capsys.readouterr()
     assert run_train(data_dir, tmp_path, "--max_iters=4", "--init_from=resume", "--n_embd=48", "--n_layer=3") == 2
     line = error_line(capsys)
-    assert "as --n_layer=3 (it has 2), --n_embd=48 (it has 32): a resumed run keeps its model; drop" in line
+    assert "as --n_layer=3 (it has 2), --n_embd=48 (it has 32): a resumed run keeps its model and optimizer" in line
     assert "{" not in line
+
+
+def test_resume_with_another_optimizer_says_so_and_changes_nothing(data_dir, tmp_path, capsys):
+    assert run_train(data_dir, tmp_path, "--max_iters=2") == 0
+    before = (tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()
+    capsys.readouterr()
+    assert run_train(data_dir, tmp_path, "--max_iters=4", "--init_from=resume", "--optimizer=muon") == 2
+    assert "as --optimizer=muon (it has adamw): a resumed run keeps its model and optimizer" in error_line(capsys)
+    assert ((tmp_path / "ckpt.pt").read_bytes(), (tmp_path / "log.jsonl").read_bytes()) == before
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_resumed_run_trains_with_the_optimizer_settings_its_command_line_gives(data_dir, tmp_path, optimizer):
+    assert run_train(data_dir, tmp_path, "--max_iters=2", f"--optimizer={optimizer}") == 0
+    given = ["--weight_decay=0.3", "--beta1=0.8", "--beta2=0.95", "--muon_lr=0.02", "--muon_momentum=0.8"]
+    assert run_train(data_dir, tmp_path, "--max_iters=4", "--init_from=resume", *given) == 0
+    state = files.load_checkpoint(tmp_path / "ckpt.pt")["optimizer"]
+    adamw, *muon = state["optimizers"] if optimizer == "muon" else [state]
+    assert [(g["weight_decay"], g["betas"]) for g in adamw["param_groups"]] == [(0.3, (0.8, 0.95)), (0.0, (0.8, 0.95))]
+    assert len(adamw["state"]) == len(adamw["param_groups"][0]["params"] + adamw["param_groups"][1]["params"])
+    for group in (g for m in muon for g in m["param_groups"]):  # Muon's peak: muon_lr, whatever learning_rate says
+        assert (group["lr_scale"], group["momentum"]) == (pytest.approx(0.02 / 1e-3), 0.8)
 
 
 def test_a_compiled_run_trains_as_an_eager_one(data_dir, tmp_path, monkeypatch):

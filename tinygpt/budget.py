@@ -215,8 +215,7 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
 
 
 def time_per_call(fn, min_seconds, min_calls=3, warmup=2):
-    """Median seconds per call of fn, after warmup calls (allocations, caches): at least min_calls, for at least
-    min_seconds."""
+    """Median seconds per call of fn after warmup calls (allocations, caches): min_calls at least, min_seconds too."""
     for _ in range(warmup):
         fn()
     times, start = [], time.perf_counter()

@@ -328,9 +328,8 @@ class RunLock:
 
 
 def append_record(out_dir, record, trackers=None):
-    """Adds one record to out_dir/log.jsonl as a line, whole: a write that fails part way is cut back, so no reader
-    ever sees half a line. Then gives it to the run's trackers (Trackers, below). A failed write (a full disk) is a
-    UserError."""
+    """Adds one record to out_dir/log.jsonl as a line, whole: a write that fails part way (a full disk: a UserError)
+    is cut back, so no reader ever sees half a line. Then gives it to the run's trackers (Trackers, below)."""
     path = Path(out_dir) / "log.jsonl"
     data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
     try:

@@ -72,11 +72,12 @@ def restore(ckpt, run):
         raise UserError(f"cannot resume {path}: the data set changed, {cfg.data_dir}'s tokenizer is not the one it "
                         "trained on; prepare the text it trained on again, or start a new run (--overwrite=true)")
     then = {f.name: f.default for f in dataclasses.fields(run.raw_model.config)} | ckpt["model_config"]
-    diff = [f"--{k}={v} (it has {then.get(k)})" for k, v in dataclasses.asdict(run.raw_model.config).items()
-            if then.get(k) != v]
+    now = dataclasses.asdict(run.raw_model.config) | {"optimizer": cfg.optimizer}
+    then["optimizer"] = ckpt["train_config"]["optimizer"]
+    diff = [f"--{k}={v} (it has {then.get(k)})" for k, v in now.items() if then.get(k) != v]
     if diff:
-        raise UserError(f"cannot resume {path} as {', '.join(diff)}: a resumed run keeps its model; drop those "
-                        "options, or start a new run (--overwrite=true, or another --out_dir)")
+        raise UserError(f"cannot resume {path} as {', '.join(diff)}: a resumed run keeps its model and optimizer; "
+                        "drop those options, or start a new run (--overwrite=true, or another --out_dir)")
     if cfg.max_time != ckpt["train_config"]["max_time"]:
         raise UserError(f"--max_time={cfg.max_time} on a resumed run: it goes on with the clock it started with "
                         f"({ckpt['train_config']['max_time']}); drop --max_time")
@@ -87,7 +88,10 @@ def restore(ckpt, run):
         raise UserError(f"{path} has spent its --max_time={cfg.max_time}: nothing is left to train; to go on, "
                         f"fine-tune from it: --init_from={path} and another --out_dir")
     run.raw_model.load_state_dict(ckpt["model"])
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in run.optimizer.param_groups]
     run.optimizer.load_state_dict(ckpt["optimizer"])
+    for group, own in zip(run.optimizer.param_groups, settings):  # the moments saved, the settings this run's
+        group.update(own)
     if ckpt["scaler"]:  # empty where the run trained without fp16's scaling; a resume in fp16 starts it afresh
         run.scaler.load_state_dict(ckpt["scaler"])
     run.it, run.best_val, run.bad_evals, run.next_eval, run.spent, run.seconds, run.wandb_id = (
@@ -110,8 +114,7 @@ class Weights:
 
 
 def load_weights(init_from, out_dir):
-    """The weights --init_from names: GPT-2 (a name or a directory), a checkpoint file, or a directory train.py
-    wrote to (its best.pt, or ckpt.pt)."""
+    """What --init_from names: GPT-2 (a name or a directory), a checkpoint, or a run's out_dir (best.pt, or ckpt.pt)."""
     check_path(init_from, "--init_from")
     init_from = str(checkpoint_path(init_from)) if checkpoint_path(init_from).is_file() else init_from
     if gpt2.is_gpt2(init_from):
