@@ -102,10 +102,9 @@ def main(argv):
     data = out / "data"
     if prepare.main(["--input", str(text), "--out_dir", str(data)]) != 0:
         raise UserError(f"prepare.py failed on {text}")
-    meta = files.read_meta(data)
+    meta, splits = files.load_data(data)
     held_out = out / "held_out.txt"
-    held_out.write_text(tokenizer_from_meta(meta).decode(files.open_split(data, "val", meta)),
-                        encoding="utf-8")
+    held_out.write_text(tokenizer_from_meta(meta).decode(splits["val"]), encoding="utf-8")
 
     runs = {"fine-tuned": out / "finetuned", "scratch": out / "scratch"}
     common = [cfg.preset, f"--data_dir={data}", *seed]

@@ -24,7 +24,7 @@ import train
 from config import UserError
 from model import GPT
 from tinygpt import system  # noqa: E402
-from tinygpt.files import read_meta
+from tinygpt.files import load_data
 
 
 def matmul_peak_flops(n=1024, repeats=20):
@@ -63,7 +63,7 @@ def main(argv):
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = cfg.data_dir
         try:
-            vocab_size = read_meta(data_dir)["vocab_size"]
+            vocab_size = load_data(data_dir)[0]["vocab_size"]
         except UserError:
             data_dir, vocab_size = tmp, 65
             synthetic_data(tmp, vocab_size)

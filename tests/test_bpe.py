@@ -62,8 +62,8 @@ def prepare_bpe(path, encoding, out_dir):
 
 
 def read_tokens(out_dir):
-    meta = files.read_meta(out_dir)
-    ids = np.concatenate([files.open_split(out_dir, split, meta) for split in ("train", "val")])
+    meta, splits = files.load_data(out_dir)
+    ids = np.concatenate([splits["train"], splits["val"]])
     return meta, ids
 
 

@@ -174,8 +174,8 @@ def test_no_character_ends_a_generation(exported):
 
 
 def prepared_ids(data_dir):
-    meta = files.read_meta(data_dir)
-    return np.concatenate([files.open_split(data_dir, split, meta) for split in ("train", "val")]).tolist()
+    splits = files.load_data(data_dir)[1]
+    return np.concatenate([splits["train"], splits["val"]]).tolist()
 
 
 def test_the_tokenizer_reads_tiny_shakespeare_as_prepare_py_does(data, exported):

@@ -320,7 +320,7 @@ def test_an_input_whose_name_is_not_utf8_replaces_the_data_set(tmp_path):
     except (OSError, UnicodeEncodeError):
         pytest.skip("this file system takes UTF-8 names only")
     assert prepare.main(["--input", str(odd), "--out_dir", str(out)]) == 0
-    meta = files.read_meta(out)
+    meta = files.load_data(out)[0]
     assert meta["source"] == "caf\ufffd.txt"
     assert meta["sha256"] == hashlib.sha256(text_of(300, "odd").encode()).hexdigest()
 
@@ -349,7 +349,7 @@ def test_a_fifo_is_read_as_a_stream_not_taken_for_empty(tmp_path):
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 def test_a_proc_file_reads_as_text(tmp_path):
     assert prepare.main(["--input", "/proc/self/status", "--out_dir", str(tmp_path / "set")]) == 0
-    assert files.read_meta(tmp_path / "set")["train_tokens"] > 100
+    assert files.load_data(tmp_path / "set")[0]["train_tokens"] > 100
 
 
 # --- Streams and signals ----------------------------------------------------------------------

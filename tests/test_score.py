@@ -36,8 +36,8 @@ def run_score(capsys, *args):
 
 
 def test_the_val_split_scores_what_the_trainer_logged(run, data_dir, tmp_path, capsys):
-    meta = files.read_meta(data_dir)
-    val = files.open_split(data_dir, "val", meta)
+    meta, splits = files.load_data(data_dir)
+    val = splits["val"]
     assert (len(val) - 1) % 16 != 0  # the last window is a short one: every token is scored
     (tmp_path / "val.txt").write_text(tokenizer_from_meta(meta).decode(val), encoding="utf-8")
     code, printed, _ = run_score(capsys, f"--out_dir={run}", f"--input={tmp_path / 'val.txt'}")

@@ -186,8 +186,8 @@ def link_tree(src, dst, skip=()):
 
 
 # --- Data sets -------------------------------------------------------------------------------------
-# A prepared data set as prepare.py writes it and train.py reads it, checked field by field so that a damaged
-# or hand-edited one is one error line at the start of a run, not a crash at its end:
+# A prepared data set as prepare.py writes it and train.py reads it (load_data: a damaged or hand-edited one is
+# one error line at the start of a run, not a crash at its end):
 #
 #   meta.json   {"format": 1, "tokenizer": "char", "vocab": [...], "vocab_size": 65,
 #                "dtype": "uint16", "train_tokens": N, "val_tokens": M, ...}
@@ -198,22 +198,6 @@ def link_tree(src, dst, skip=()):
 META_FORMAT = 1
 DATASET_FILES = ("train.bin", "val.bin", "meta.json")  # what prepare.py writes; a new data set replaces these alone
 DTYPES = ("uint16", "uint32")
-
-
-def meta_problem(meta):
-    """What is wrong with the contents of a meta.json, in words, or None."""
-    if not isinstance(meta, dict):
-        return f"holds a JSON {type(meta).__name__}, not an object"
-    for key, least in (("format", 1), ("vocab_size", 1), ("train_tokens", 0), ("val_tokens", 0)):
-        if type(meta.get(key)) is not int or meta[key] < least:  # (a bool is no count)
-            return f"{key} must be an integer of at least {least}, got {meta.get(key)!r}"
-    if meta["format"] > META_FORMAT:
-        return f"format {meta['format']} is newer than this code's {META_FORMAT}: update the code"
-    if meta.get("dtype") not in DTYPES:
-        return f"dtype must be {' or '.join(DTYPES)}, got {meta.get('dtype')!r}"
-    if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
-        return f"vocab_size {meta['vocab_size']} does not fit in {meta['dtype']} ids"
-    return tokenizer_problem(meta)
 
 
 def tokenizer_problem(meta):
@@ -240,43 +224,23 @@ def prepare_again(data_dir):
     return f"python prepare.py --input FILE --out_dir {data_dir}"
 
 
-def read_meta(data_dir):
-    """meta.json of a data set, checked; a UserError says what is wrong and how to fix it."""
+def load_data(data_dir):
+    """(meta.json, the train and val splits as read-only memmaps), as prepare.py wrote them. Anything else (a file
+    missing, cut short or edited, from newer code, an id at or past vocab_size: one fast pass) is a UserError saying
+    how to prepare them again: a mistake met here, not at the end of a run."""
     path = Path(data_dir) / "meta.json"
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path} not found; run: {prepare_again(data_dir)}") from None
-    except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{path} is not valid JSON; prepare the data again: {prepare_again(data_dir)}") from None
-    except OSError as e:
-        raise UserError(f"cannot read {path} ({e.strerror}); check its permissions") from None
-    if problem := meta_problem(meta):
-        raise UserError(f"{path}: {problem}; prepare the data again: {prepare_again(data_dir)}")
-    return meta
-
-
-def open_split(data_dir, split, meta):
-    """The tokens of one split as a read-only memmap, checked against meta.json (from
-    read_meta): the file's size, and every id below vocab_size (one fast pass)."""
-    path = Path(data_dir) / f"{split}.bin"
-    if not path.is_file():
-        raise UserError(f"{path} not found; run prepare.py again for {data_dir}")
-    dtype, expected = np.dtype(meta["dtype"]), meta[f"{split}_tokens"]
-    if path.stat().st_size != expected * dtype.itemsize:
-        raise UserError(f"{path} holds {path.stat().st_size} bytes but meta.json says {expected} {dtype.name} "
-                        "tokens; run prepare.py again")
-    data = np.memmap(path, dtype=dtype, mode="r") if expected else np.zeros(0, dtype)  # mmap refuses an empty file
-    if data.max(initial=0) >= meta["vocab_size"]:
-        raise UserError(f"{path} holds token id {data.max()}, but meta.json's vocab_size is {meta['vocab_size']}; "
-                        "run prepare.py again")
-    return data
-
-
-def load_data(data_dir):
-    """(meta.json, the memmapped train and val splits), each checked."""
-    meta = read_meta(data_dir)
-    return meta, {split: open_split(data_dir, split, meta) for split in ("train", "val")}
+        splits = {s: np.memmap(Path(data_dir) / f"{s}.bin", dtype=meta["dtype"], mode="r") for s in ("train", "val")}
+        if meta["format"] > META_FORMAT or meta["dtype"] not in DTYPES or tokenizer_problem(meta) \
+                or any(len(data) != meta[f"{s}_tokens"] or data.max() >= meta["vocab_size"] for s, data in splits.items()):
+            raise ValueError
+    except FileNotFoundError as e:
+        raise UserError(f"{e.filename} not found; run: {prepare_again(data_dir)}") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # unreadable, not JSON, a field missing
+        raise UserError(f"{data_dir} holds no data set as prepare.py writes it (meta.json, train.bin and val.bin, "
+                        f"unchanged); prepare it again: {prepare_again(data_dir)}") from None
+    return meta, splits
 
 
 def check_block_size(splits, block_size, data_dir):
