@@ -346,6 +346,15 @@ def test_a_fifo_is_read_as_a_stream_not_taken_for_empty(tmp_path):
     assert sorted(p.name for p in (tmp_path / "set").iterdir()) == ["meta.json", "train.bin", "val.bin"]
 
 
+def test_a_data_set_it_may_not_read_says_to_check_permissions_not_to_prepare_it_again(data_dir, monkeypatch):
+    def refuse(path, *args, **kwargs):  # as for a data set another user prepared (root reads anything)
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    with pytest.raises(train.UserError, match=r"^cannot read .*meta\.json \(Permission denied\); check its permissions$"):
+        files.load_data(data_dir)
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 def test_a_proc_file_reads_as_text(tmp_path):
     assert prepare.main(["--input", "/proc/self/status", "--out_dir", str(tmp_path / "set")]) == 0

@@ -237,6 +237,8 @@ def load_data(data_dir):
             raise ValueError
     except FileNotFoundError as e:
         raise UserError(f"{e.filename} not found; run: {prepare_again(data_dir)}") from None
+    except PermissionError as e:
+        raise UserError(f"cannot read {e.filename} ({e.strerror}); check its permissions") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # unreadable, not JSON, a field missing
         raise UserError(f"{data_dir} holds no data set as prepare.py writes it (meta.json, train.bin and val.bin, "
                         f"unchanged); prepare it again: {prepare_again(data_dir)}") from None
