@@ -88,7 +88,9 @@ def how_to_fix(e, out_dir):
     if e.errno in (errno.EXDEV, errno.EBUSY):  # what a mount point's rename fails with
         return (f"{out_dir} is a mount point, which cannot be swapped for the new data set; pick another --out_dir, "
                 "e.g. a directory inside it")
-    return "free some space, or pick another --out_dir"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free some space, or pick another --out_dir"
+    return "pick another --out_dir"  # a directory removed under it, an I/O error: not a full disk
 
 
 def make_default(data_dir, processes):

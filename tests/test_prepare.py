@@ -150,6 +150,9 @@ WRITE_FAILURES = [
     (errno.EBUSY, "{out} is a mount point, which cannot be swapped for the new data set; pick another --out_dir, e.g. "
                   "a directory inside it"),
     (errno.ENOSPC, "free some space, or pick another --out_dir"),
+    (errno.EDQUOT, "free some space, or pick another --out_dir"),
+    (errno.ENOENT, "pick another --out_dir"),
+    (errno.EIO, "pick another --out_dir"),
 ]
 
 
@@ -162,8 +165,9 @@ def test_a_failed_swap_names_its_cause_and_leaves_out_dir_alone(prepared, tmp_pa
     before = snapshot(prepared)
     capsys.readouterr()
     assert prepare.main(["--input", write(tmp_path / "new.txt", "another text " * 50), "--out_dir", str(prepared)]) == 2
-    cause = "no space left on device writing" if code == errno.ENOSPC else "cannot write"
-    what = f"{prepared}" if code == errno.ENOSPC else f"{prepared} ({os.strerror(code)})"
+    full = code in (errno.ENOSPC, errno.EDQUOT)
+    cause = "no space left on device writing" if full else "cannot write"
+    what = f"{prepared}" if full else f"{prepared} ({os.strerror(code)})"
     assert capsys.readouterr().err == (f"error: {cause} {what}; the data set there is as it was: "
                                        f"{fix.format(out=prepared)}\n")
     assert snapshot(prepared) == before
