@@ -159,7 +159,9 @@ def set_up(cfg, procs, lock, ckpt):
         sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
         timed = lambda c: measure(c, data, procs)  # noqa: E731
         age = lambda: procs.broadcast((system.process_age(),))[0]  # noqa: E731  rank 0's clock
-        cfg, chosen = budget.fill_auto(cfg, sizes, timed, procs.world, age)
+        learned = pretrained and cfg.pos == "learned"  # fine-tuned positions end where the weights' do
+        longest = pretrained.model_config["block_size"] if learned else math.inf
+        cfg, chosen = budget.fill_auto(cfg, sizes, timed, procs.world, age, longest)
         procs.say(chosen)
     seconds = cfg.max_time != AUTO and budget.parse_duration(cfg.max_time)
     if seconds and not ckpt:  # a new timed run has what is left of its time, by rank 0's clock

@@ -646,6 +646,39 @@ def test_a_run_that_replaces_a_timed_one_leaves_no_repeat_command_of_it(data_dir
     assert not (tmp_path / "repeat.txt").exists()  # it trained another model: its command would mislead
 
 
+def test_the_repeat_command_of_a_timed_fine_tune_starts_from_the_same_weights(data_dir, tmp_path, clock):
+    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'base'}", "--max_iters=5"]) == 0
+    weights = str(tmp_path / "base" / "best.pt")
+    clock.step_s = 0.04
+    tuned = [f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'tuned'}", f"--init_from={weights}", "--max_time=3s"]
+    assert train.main(tuned) == 0
+    argv = shlex.split((tmp_path / "tuned" / "repeat.txt").read_text(encoding="utf-8"))
+    assert f"--init_from={weights}" in argv
+    assert train.main(argv[2:]) == 0
+    first = [next(json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()
+                  if "val_loss" in line) for run in ("tuned", "tuned_repeat")]
+    assert first[0]["iter"] == first[1]["iter"] == 0
+    assert first[0]["val_loss"] == first[1]["val_loss"]  # the same weights, scored on the same batches
+
+
+def test_a_sized_fine_tune_keeps_its_context_within_the_positions_the_weights_learned(data_dir, tmp_path, clock):
+    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'base'}", "--max_iters=5"]) == 0
+    base = files.load_checkpoint(tmp_path / "base" / "best.pt")["model_config"]
+    assert (base["pos"], base["block_size"]) == ("learned", 16)  # shorter than any context the sizing chooses
+    clock.step_s = 0.04
+    args = [f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'tuned'}", f"--init_from={tmp_path / 'base' / 'best.pt'}"]
+    assert train.main([*args, "--max_time=3s"]) == 0
+    assert files.load_checkpoint(tmp_path / "tuned" / "ckpt.pt")["train_config"]["block_size"] == 16
+    rope = dataclasses.replace(train.TrainConfig(max_time="1m"), pos="rope")  # no positions learned: no limit
+    assert budget.fill_auto(rope, (1_000_000, 100_000, 65), lambda c: (0.05, 0.02))[0].block_size > 16
+
+
+def test_the_repeat_command_of_a_resumed_timed_run_trains_it_from_the_start():
+    cfg = dataclasses.replace(train.TrainConfig(), n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=16,
+                              max_time="30s", out_dir="out/x", init_from="resume")
+    assert not any(arg.startswith("--init_from") for arg in shlex.split(budget.repeat_command(cfg, 100)))
+
+
 def test_the_repeat_command_of_a_run_under_torchrun_starts_as_many_processes():
     cfg = dataclasses.replace(train.TrainConfig(), n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=16,
                               max_time="30s", out_dir="out/x")

@@ -89,9 +89,10 @@ def model_flops_per_token(n_layer, n_embd, block_size, vocab_size):
     return train_flops_per_token(block_params(n_layer, n_embd) + vocab_size * n_embd, n_layer, n_embd, block_size)
 
 
-def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given=None):
+def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given=None, longest=math.inf):
     """({setting: value}, a reason to print): the shape, context, batch and dropout for this data and budget at
-    flops_per_s, the training rate measured here, chosen around `given` (those of them already set, and a window)."""
+    flops_per_s, the training rate measured here, chosen around `given` (those of them already set, and a window);
+    a context of at most `longest` tokens (the learned positions of weights fine-tuned)."""
     given, data_tokens = given or {}, MAX_EPOCHS * train_tokens  # what the text can usefully give
 
     def shape(n_layer, n_embd):  # one of SHAPES, with what was given (a width that n_head divides into even heads)
@@ -99,7 +100,7 @@ def choose_run(train_tokens, val_tokens, vocab_size, flops_per_s, seconds, given
         n_embd = given.get("n_embd", pairs * max(1, round(n_embd / pairs)))
         settings = shape_settings(given.get("n_layer", n_layer), n_embd)
         block = max(settings["block_size"], given.get("window", 0))  # a window given fits in the context
-        settings["block_size"] = given.get("block_size", min(block, val_tokens // 2))
+        settings["block_size"] = given.get("block_size", min(block, val_tokens // 2, longest))
         return settings
 
     def tokens(s, most=data_tokens):  # what the budget can train a model so shaped on
@@ -150,18 +151,18 @@ def eval_batches(cfg, val_tokens, per_token=None, seconds=None):
 # --- Filling what is auto -------------------------------------------------------------------
 
 
-def fill_auto(cfg, sizes, measure, world=1, clock=lambda: 0.0):
+def fill_auto(cfg, sizes, measure, world=1, clock=lambda: 0.0, longest=math.inf):
     """(cfg with every setting of CHOSEN left auto chosen, and max_time; a line saying which and why). sizes: (train
     tokens, val tokens, vocabulary); measure(cfg): the seconds per step of a new model of cfg on each of world
     processes, and per forward pass of a batch as evaluations run it, rank 0's; clock(): rank 0's seconds since its
-    process started. Sized for the whole budget, start-up included: the same choice however long that took, but a
-    start-up past SIZING_SHARE of it times nothing more."""
+    process started; longest: the longest context (choose_run). Sized for the whole budget, start-up included: the
+    same choice however long that took, but a start-up past SIZING_SHARE of it times nothing more."""
     chose, reason, per_token = {"max_time": max_time(cfg)} if cfg.max_time == AUTO else {}, "", None
     cfg = dataclasses.replace(cfg, **chose)
     seconds = parse_duration(cfg.max_time) or parse_duration(DEFAULT_BUDGET)  # none: sized as for 5m
     if any(getattr(cfg, k) == AUTO for k in SIZED):
         late = lambda: clock() > SIZING_SHARE * seconds  # noqa: E731
-        sized, reason, per_token = size_run(cfg, sizes, measure, seconds, world, late)
+        sized, reason, per_token = size_run(cfg, sizes, measure, seconds, world, late, longest)
         chose |= sized
     chose |= follow(dataclasses.replace(cfg, **chose), sizes, per_token, seconds, world)
     said = ", ".join(f"{k}={v}" for k, v in chose.items())
@@ -176,7 +177,7 @@ def follow(cfg, sizes, per_token=None, seconds=None, world=1):
     return {k: rule() for k, rule in rules.items() if getattr(cfg, k) == AUTO}
 
 
-def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
+def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False, longest=math.inf):
     """({setting: value} for what cfg leaves auto of SIZED, a reason, an evaluation's seconds per token): choose_run
     for a budget of seconds at a rate of FLOP/s, its model timed here, until the rate measured stands (within STANDS
     below the rate it was chosen for, the first guess's included, or rounding to it), or the choice comes
@@ -188,7 +189,7 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False):
     recipe = {k: v for k, v in RECIPE.items() if k not in given}
     rate, tried, left = FIRST_GUESS_FLOPS, [], TIMINGS
     while True:
-        settings, reason = choose_run(*sizes, rate, USABLE * (1 - EVAL_SHARE) * seconds, given)
+        settings, reason = choose_run(*sizes, rate, USABLE * (1 - EVAL_SHARE) * seconds, given, longest)
         trial = dataclasses.replace(cfg, **settings, **recipe)
         rope = trial.mixer == "multihead" and trial.score == "dot" and trial.n_embd // trial.n_head % 2 == 0
         if "pos" in recipe and not rope:  # rotary angles turn pairs of a head's q and k channels
@@ -235,7 +236,8 @@ def repeat_command(cfg, steps=None, world=1):
     processes, under torchrun (on one machine)."""
     if steps is not None:
         cfg = dataclasses.replace(cfg, max_iters=steps, max_time="none", eval_interval=max(1, steps // EVALS))
-    default, skip = type(cfg)(), {"out_dir", "overwrite", "dry_run", "init_from"} - {cfg.init_from} | {"resume"}
+    # A fine-tune starts from the same weights again; a resumed run, from scratch (the whole run's steps).
+    default, skip = type(cfg)(), {"out_dir", "overwrite", "dry_run", *["init_from"] * (cfg.init_from == "resume")}
     args = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in dataclasses.asdict(cfg).items()
             if k not in skip and v != getattr(default, k)]
     launch = ["python"] if world == 1 else ["torchrun", "--standalone", f"--nproc_per_node={world}"]
