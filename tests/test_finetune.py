@@ -149,6 +149,9 @@ def test_a_bpe_checkpoint_on_character_data_is_one_error_line(bpe_data, other_da
 @pytest.mark.parametrize("extra,says", [
     (["--n_layer=3"], "--n_layer=3 contradicts"),
     (["--pos=rope"], "whose pos is learned"),
+    (["--mixer=head"], "--mixer=head contradicts"),
+    (["--window=8"], "whose window is 0"),
+    (["--bias=true"], "drop it or pass --bias=False"),
     (["--block_size=32"], "--block_size=16 or less"),
     (["--init_from=no/such/ckpt.pt"], "not found"),
 ])

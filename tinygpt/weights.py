@@ -133,7 +133,8 @@ def load_weights(init_from, out_dir):
 def finetune_settings(source, cfg, meta):
     """cfg (a train.TrainConfig) with the model's shape set to the weights': the data of meta (meta.json), block_size,
     dropout and the training are cfg's. A UserError if the weights and the data cannot go together, or if cfg sets
-    n_layer, n_head, n_embd or pos (auto by default) to another value than the weights have."""
+    a switch of the shape (n_layer, n_head, n_embd, pos, mixer, window, ...) away from its default to another value
+    than the weights have."""
     theirs = source.meta
     if (theirs.get("tokenizer"), theirs.get("encoding")) != (meta.get("tokenizer"), meta.get("encoding")):
         flag = "char" if theirs.get("tokenizer") == "char" else theirs.get("encoding")
@@ -144,8 +145,9 @@ def finetune_settings(source, cfg, meta):
                         f"{meta.get('vocab_size')}: another tiktoken prepared them; prepare the data again")
     shape = {f.name: source.model_config.get(f.name, f.default) for f in dataclasses.fields(GPTConfig)
              if f.name not in RUN_KEYS}
-    for key in ("n_layer", "n_head", "n_embd", "pos"):  # TrainConfig's auto, here the weights'
-        if getattr(cfg, key) not in (AUTO, weights := shape[key]):
+    default = type(cfg)()  # auto for n_layer, n_head, n_embd and pos
+    for key in shape:  # a value away from its default, and from the weights', was asked for and cannot be had
+        if getattr(cfg, key) not in (getattr(default, key), weights := shape[key]):
             raise UserError(f"--{key}={getattr(cfg, key)} contradicts {source.name}, whose {key} is {weights}: the "
                             f"weights fix the model's shape; drop it or pass --{key}={weights}")
     learned = source.model_config.get("block_size")
