@@ -673,6 +673,18 @@ def test_a_sized_fine_tune_keeps_its_context_within_the_positions_the_weights_le
     assert budget.fill_auto(rope, (1_000_000, 100_000, 65), lambda c: (0.05, 0.02))[0].block_size > 16
 
 
+def test_a_resumed_fine_tune_keeps_the_weights_it_began_from_in_its_checkpoint_and_repeat_command(
+        data_dir, tmp_path, clock, stop_at):
+    assert train.main([TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'base'}", "--max_iters=5"]) == 0
+    weights, out = str(tmp_path / "base" / "best.pt"), tmp_path / "tuned"
+    clock.step_s = 0.04
+    stop_at(20)
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={out}", f"--init_from={weights}", "--max_time=3s"]) == 143
+    assert train.main([f"--data_dir={data_dir}", f"--out_dir={out}", "--init_from=resume"]) == 0
+    assert files.load_checkpoint(out / "ckpt.pt")["train_config"]["init_from"] == weights
+    assert f"--init_from={weights}" in shlex.split((out / "repeat.txt").read_text(encoding="utf-8"))
+
+
 def test_the_repeat_command_of_a_resumed_timed_run_trains_it_from_the_start():
     cfg = dataclasses.replace(train.TrainConfig(), n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=16,
                               max_time="30s", out_dir="out/x", init_from="resume")

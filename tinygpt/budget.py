@@ -236,7 +236,7 @@ def repeat_command(cfg, steps=None, world=1):
     processes, under torchrun (on one machine)."""
     if steps is not None:
         cfg = dataclasses.replace(cfg, max_iters=steps, max_time="none", eval_interval=max(1, steps // EVALS))
-    # A fine-tune starts from the same weights again; a resumed run, from scratch (the whole run's steps).
+    # A fine-tune starts from the same weights again (a resumed one too: init_from is how a run began).
     default, skip = type(cfg)(), {"out_dir", "overwrite", "dry_run", *["init_from"] * (cfg.init_from == "resume")}
     args = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in dataclasses.asdict(cfg).items()
             if k not in skip and v != getattr(default, k)]
