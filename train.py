@@ -277,8 +277,8 @@ def get_lr(progress, cfg):
     """At progress in [0, 1] (steps, or seconds, done of the run's): a linear warmup over its
     first `warmup` share, then a cosine decay to min_lr at its end. An optimizer group's lr_scale
     (Muon's) scales it to its own peak."""
-    if progress < cfg.warmup:
-        return cfg.learning_rate * progress / cfg.warmup
+    if progress < cfg.warmup:  # counted in steps from 1, as nanoGPT's: the first step learns too
+        return cfg.learning_rate * (progress * cfg.max_iters + 1) / (cfg.warmup * cfg.max_iters + 1)
     decay = (progress - cfg.warmup) / (1 - cfg.warmup)
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * decay)) * (cfg.learning_rate - cfg.min_lr)
 

@@ -80,9 +80,11 @@ def test_full_val_evaluation_is_deterministic(data_dir, tmp_path):
 
 
 def test_learning_rate_warms_up_then_decays_to_min_lr_as_the_run_progresses():
-    cfg = train.TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup=0.1)
+    cfg = train.TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup=0.1, max_iters=100)
     lrs = [train.get_lr(p / 100, cfg) for p in range(101)]
-    assert lrs[0] == 0 and all(a < b for a, b in zip(lrs[:10], lrs[1:11]))  # warmup rises
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:11]))  # warmup rises
+    # nanoGPT's warmup, (it + 1) / (warmup_iters + 1): the first step learns too, at a step's share of the peak
+    assert lrs[:10] == pytest.approx([1e-3 * (it + 1) / 11 for it in range(10)], rel=1e-12)
     assert lrs[10] == pytest.approx(1e-3)
     assert all(a > b for a, b in zip(lrs[10:100], lrs[11:101]))  # cosine falls
     assert lrs[100] == pytest.approx(1e-4)
