@@ -92,10 +92,10 @@ def main(argv):
     for name in ("data_dir", "out_dir"):
         files.check_path(getattr(cfg, name), f"--{name}", directory=True)
     ckpt = None
-    if cfg.init_from == "resume":  # its own settings, under the command line's; init_from: how it began
+    if cfg.init_from == "resume":  # its own settings, under the command line's
         ckpt = files.load_checkpoint(saved(cfg), choosing=False)
         cfg = load_config(TrainConfig, argv, base=ckpt["train_config"] | {"out_dir": cfg.out_dir})
-        cfg = dataclasses.replace(cfg, init_from=ckpt["train_config"].get("init_from", "scratch"))
+        cfg = dataclasses.replace(cfg, init_from=ckpt["train_config"]["init_from"])  # how it began
     files.check_trackers(cfg.log_to)
     with system.start_processes(cfg.device) as procs, files.RunLock(cfg.out_dir) as lock:
         if not Path(cfg.data_dir, "meta.json").exists() and not cfg.dry_run:
@@ -148,7 +148,7 @@ def set_up(cfg, procs, lock, ckpt):
             lock.acquire()
         meta, splits = data = files.load_data(cfg.data_dir)
         pretrained = None
-        if cfg.init_from not in ("scratch", "resume") and not ckpt:  # fine-tuning: the shape is the weights'
+        if cfg.init_from != "scratch" and not ckpt:  # fine-tuning: the shape is the weights'
             pretrained = weights.load_weights(cfg.init_from, cfg.out_dir)
             cfg = weights.finetune_settings(pretrained, cfg, meta)
         if not ckpt and saved(cfg).exists() and not cfg.overwrite:
@@ -160,7 +160,7 @@ def set_up(cfg, procs, lock, ckpt):
         sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
         timed = lambda c: measure(c, data, procs)  # noqa: E731
         age = lambda: procs.broadcast((system.process_age(),))[0]  # noqa: E731  rank 0's clock
-        learned = pretrained and cfg.pos == "learned"  # fine-tuned positions end where the weights' do
+        learned = pretrained and cfg.pos == "learned"  # fine-tuned positions end at the weights'
         longest = pretrained.model_config["block_size"] if learned else math.inf
         cfg, chosen = budget.fill_auto(cfg, sizes, timed, procs.world, age, longest)
         procs.say(chosen)
