@@ -197,7 +197,7 @@ def link_tree(src, dst, skip=()):
 
 META_FORMAT = 1
 DATASET_FILES = ("train.bin", "val.bin", "meta.json")  # what prepare.py writes; a new data set replaces these alone
-DTYPES = ("uint16", "uint32")
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}  # the ids' types, by name
 
 
 def tokenizer_problem(meta):
@@ -231,9 +231,9 @@ def load_data(data_dir):
     path = Path(data_dir) / "meta.json"
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-        splits = {s: np.memmap(Path(data_dir) / f"{s}.bin", dtype=meta["dtype"], mode="r") for s in ("train", "val")}
-        if meta["format"] > META_FORMAT or meta["dtype"] not in DTYPES or tokenizer_problem(meta) \
-                or any(len(data) != meta[f"{s}_tokens"] or data.max() >= meta["vocab_size"] for s, data in splits.items()):
+        splits = {s: np.memmap(Path(data_dir) / f"{s}.bin", DTYPES[meta["dtype"]], "r") for s in ("train", "val")}
+        if meta["format"] > META_FORMAT or tokenizer_problem(meta) \
+                or any(len(ids) != meta[f"{s}_tokens"] or ids.max() >= meta["vocab_size"] for s, ids in splits.items()):
             raise ValueError
     except FileNotFoundError as e:
         raise UserError(f"{e.filename} not found; run: {prepare_again(data_dir)}") from None
