@@ -154,6 +154,7 @@ CASES = [
      lambda ws: ["--input", str(ws / "input.txt"), "--out_dir", str(ws / "a_file")], "is a file"),
     # meta.json and the bins, as prepare.py wrote them or not at all
     ("meta.json with another dtype", "train", edit_meta(lambda m: {**m, "dtype": "float32"}), train_args, AGAIN),
+    ("meta.json with a dtype of no bytes", "train", edit_meta(lambda m: {**m, "dtype": []}), train_args, AGAIN),
     ("meta.json with a string format", "train", edit_meta(lambda m: {**m, "format": "1"}), train_args, AGAIN),
     ("meta.json holding a list", "train", edit_meta(lambda m: [m]), train_args, AGAIN),
     ("meta.json from newer code", "train", edit_meta(lambda m: {**m, "format": 2}), train_args, AGAIN),
