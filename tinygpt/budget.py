@@ -237,7 +237,8 @@ def repeat_command(cfg, steps=None, world=1):
     if steps is not None:
         cfg = dataclasses.replace(cfg, max_iters=steps, max_time="none", eval_interval=max(1, steps // EVALS))
     # A fine-tune starts from the same weights again (a resumed one too: init_from is how a run began).
-    default, skip = type(cfg)(), {"out_dir", "overwrite", "dry_run", *["init_from"] * (cfg.init_from == "resume")}
+    default = type(cfg)()
+    skip = {"out_dir", "overwrite", "dry_run"} | ({"init_from"} if cfg.init_from == "resume" else set())
     args = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in dataclasses.asdict(cfg).items()
             if k not in skip and v != getattr(default, k)]
     launch = ["python"] if world == 1 else ["torchrun", "--standalone", f"--nproc_per_node={world}"]
