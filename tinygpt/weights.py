@@ -5,6 +5,7 @@ characters, each one the weights know keeps its rows, moved to its id in the new
 """
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,6 +113,11 @@ class Weights:
     state: dict  # model.GPT's state dict
     meta: dict  # the tokenizer they were trained with, as in meta.json
 
+    def longest(self):
+        """The longest context the weights can read: as many positions as they learned (rotary: no limit)."""
+        learned = self.model_config.get("pos", GPTConfig.pos) == "learned"
+        return self.model_config.get("block_size") if learned else math.inf
+
 
 def load_weights(init_from, out_dir):
     """What --init_from names: GPT-2 (a name or a directory), a checkpoint, or a run's out_dir (best.pt, or ckpt.pt)."""
@@ -150,10 +156,9 @@ def finetune_settings(source, cfg, meta):
         if getattr(cfg, key) not in (getattr(default, key), weights := shape[key]):
             raise UserError(f"--{key}={getattr(cfg, key)} contradicts {source.name}, whose {key} is {weights}: the "
                             f"weights fix the model's shape; drop it or pass --{key}={weights}")
-    learned = source.model_config.get("block_size")
-    if shape["pos"] == "learned" and cfg.block_size != AUTO and cfg.block_size > learned:
-        raise UserError(f"--block_size={cfg.block_size} is longer than {source.name}'s {learned}: its position "
-                        f"embeddings stop there; pass --block_size={learned} or less")
+    if cfg.block_size != AUTO and cfg.block_size > (longest := source.longest()):
+        raise UserError(f"--block_size={cfg.block_size} is longer than {source.name}'s {longest}: its position "
+                        f"embeddings stop there; pass --block_size={longest} or less")
     return dataclasses.replace(cfg, **shape)
 
 
