@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 STORY = ("model.py", "train.py", "sample.py", "prepare.py")  # the four files a reader walks
 PACKAGE = "tinygpt"
@@ -108,6 +110,13 @@ def test_model_py_copied_alone_into_an_empty_folder_builds_and_runs_every_positi
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:4] == [f"{pos} (1, 8, 11)" for pos in ("learned", "sinusoidal", "rope", "none")]
+
+
+def test_bench_machine_py_run_alone_from_another_folder_prints_the_machine(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "machine.py")], cwd=tmp_path, capture_output=True,
+                          text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith(f"torch {torch.__version__}") and "cores" in done.stdout
 
 
 def test_the_package_and_config_never_import_the_scripts_and_config_imports_nothing_of_ours():
