@@ -1,6 +1,7 @@
 """The CUDA and multi-process decisions that can be checked without a GPU: the peak each GPU's MFU is
 measured against, MFU over many processes, TF32 and the GPU a lone process trains on, a resumed run's
-dtype and compiling, fp16's scaler on a resume, and sizing for several processes. What only a GPU can show is listed in docs/results.md."""
+dtype and compiling, fp16's scaler on a resume, and sizing for several processes. What only a GPU can show is listed in
+docs/results.md."""
 
 import dataclasses
 import json

@@ -210,7 +210,8 @@ def test_additive_heads_keep_one_vector_per_head_that_muon_and_weight_decay_leav
     model = make(rung, n_layer=2)
     vectors = [p for name, p in model.named_parameters() if name.endswith("score_vector")]
     assert [p.shape for p in vectors] == [(TINY["n_embd"],)] * 2  # H heads of hs, flat, in each layer
-    adamw, muon = train.make_optimizer(model, train.TrainConfig(optimizer="muon", muon_weight_decay=0.0), "cpu").optimizers
+    cfg = train.TrainConfig(optimizer="muon", muon_weight_decay=0.0)
+    adamw, muon = train.make_optimizer(model, cfg, "cpu").optimizers
     assert not any(p is v for g in muon.param_groups for p in g["params"] for v in vectors)
     assert all(any(p is v for g in adamw.param_groups if g["weight_decay"] == 0 for p in g["params"]) for v in vectors)
     dot = make(rung.removesuffix("_additive"), n_layer=2)

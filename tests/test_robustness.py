@@ -351,7 +351,8 @@ def test_a_data_set_it_may_not_read_says_to_check_permissions_not_to_prepare_it_
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
     monkeypatch.setattr(Path, "read_text", refuse)
-    with pytest.raises(train.UserError, match=r"^cannot read .*meta\.json \(Permission denied\); check its permissions$"):
+    why = r"^cannot read .*meta\.json \(Permission denied\); check its permissions$"
+    with pytest.raises(train.UserError, match=why):
         files.load_data(data_dir)
 
 

@@ -200,7 +200,7 @@ def size_run(cfg, sizes, measure, seconds, world=1, late=lambda: False, longest=
         if trial in tried or not left:
             break  # it came back, or no more timings: chosen at the rate measured last
         (step_s, forward_s), tried, left = measure(trial), [*tried, trial], left - 1
-        stands = lambda s: -STANDS <= math.log2(step_flops / s / rate) <= 0.5  # noqa: E731
+        stands = lambda s: -STANDS <= math.log2(step_flops / s / rate) <= 0.5  # noqa: E731, B023  used at once
         if late():
             left = 0
         elif not stands(step_s):  # off: once more, the faster

@@ -90,8 +90,8 @@ def check_paths(cfg):
     """--to as a Path, or a UserError for a target or --out_dir that cannot be used."""
     if not cfg.to:
         raise UserError("no target: pass --to=DIR, the directory to write the model to")
-    for option, path in (("--out_dir", cfg.out_dir), ("--checkpoint", cfg.checkpoint), ("--to", cfg.to)):
-        check_path(path, option, directory=option != "--checkpoint")
+    for flag, path in (("--out_dir", cfg.out_dir), ("--checkpoint", cfg.checkpoint), ("--to", cfg.to)):
+        check_path(path, flag, directory=flag != "--checkpoint")
     target = Path(cfg.to)
     if any((target / name).exists() for name in ("ckpt.pt", "best.pt", "lock")):  # swapped out under a run
         raise UserError(f"--to={target} is train.py's out_dir, which an export would swap out under its runs; pick "

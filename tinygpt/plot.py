@@ -193,8 +193,8 @@ def draw_heatmaps(panel, weights, labels, title=""):
 
 def run_attention(run, cfg):
     """(weights (L, H, T, T), token labels, title) for one run's checkpoint on cfg.prompt."""
-    for option, given in (("--out_dir", run), ("--checkpoint", cfg.checkpoint)):
-        check_path(given, option)
+    for flag, given in (("--out_dir", run), ("--checkpoint", cfg.checkpoint)):
+        check_path(given, flag)
     path = checkpoint_path(run, cfg.checkpoint)
     model, tokenizer = model_from_checkpoint(path, "cpu")
     if unknown := tokenizer.unknown(cfg.prompt):

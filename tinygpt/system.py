@@ -423,14 +423,14 @@ class Processes:
 
     def broadcast(self, numbers):
         """Rank 0's numbers on every process, so that all make the same plan."""
-        return tuple(numbers) if self.world == 1 else self._sync(numbers, torch.float64, dist.broadcast, src=0)
+        return tuple(numbers) if self.world == 1 else self._sync(numbers, dist.broadcast, src=0)
 
     def all_max(self, numbers):
         """Each number's maximum over the processes: one's stop request (a signal) or trouble is every process's."""
-        return tuple(numbers) if self.world == 1 else self._sync(numbers, torch.float64, dist.all_reduce, op=ReduceOp.MAX)
+        return tuple(numbers) if self.world == 1 else self._sync(numbers, dist.all_reduce, op=ReduceOp.MAX)
 
-    def _sync(self, numbers, dtype, collective, **kwargs):
-        t = torch.tensor(numbers, dtype=dtype, device=self.device)
+    def _sync(self, numbers, collective, **kwargs):
+        t = torch.tensor(numbers, dtype=torch.float64, device=self.device)
         with peer_lost():
             collective(t, **kwargs)
         return tuple(t.tolist())
