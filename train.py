@@ -160,7 +160,7 @@ def set_up(cfg, procs, lock, ckpt):
         sizes = len(splits["train"]), len(splits["val"]), meta["vocab_size"]
         timed = lambda c: measure(c, data, procs)  # noqa: E731
         age = lambda: procs.broadcast((system.process_age(),))[0]  # noqa: E731  rank 0's clock
-        longest = pretrained.longest() if pretrained else math.inf  # fine-tuned positions end at the weights'
+        longest = pretrained.longest() if pretrained else math.inf
         cfg, chosen = budget.fill_auto(cfg, sizes, timed, procs.world, age, longest)
         procs.say(chosen)
     seconds = cfg.max_time != AUTO and budget.parse_duration(cfg.max_time)
